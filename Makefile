@@ -1,0 +1,43 @@
+# make demo: a real distributed TensorFlow job (1 ps + 2 workers) on this machine.
+# make test: the whole test suite. Both set up .venv (and, as root, the Debian packages) first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEBIAN_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps rsync
+
+.PHONY: setup system-packages demo test lint wheelhouse clean
+
+setup: $(STAMP) system-packages
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# The multi-host tests need network namespaces and sshd; only root can install or use them.
+system-packages:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(DEBIAN_PACKAGES); do \
+	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  fi; \
+	fi
+
+demo: setup
+	@scripts/demo
+
+test: setup
+	$(BIN)/python -m pytest tests
+
+lint: setup
+	$(BIN)/ansible-lint --offline --profile production playbooks/ roles/
+
+wheelhouse: setup
+	scripts/wheelhouse
+
+clean:
+	rm -rf .work runs

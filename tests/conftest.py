@@ -1,0 +1,151 @@
+"""Shared test helpers: a private local inventory, the CLI as a subprocess, leftover checks."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(REPO, "tests")
+sys.path.insert(0, TESTS)
+sys.path.insert(0, REPO)
+
+pytest_plugins = ["fixtures_testhosts"] if os.path.exists(
+    os.path.join(TESTS, "fixtures_testhosts.py")) else []
+
+# Tests use their own port range so a user's runs on 2222+ never collide with them.
+TEST_PORT_BASE = 24100
+
+
+def local_inventory_text(workdir, port_base=TEST_PORT_BASE, ps=2, workers=3, chief=1, extra=""):
+    """An inventory like inventory/local.yml, with its own work folder and ports."""
+    return """all:
+  vars:
+    ansible_connection: local
+    tfcluster_deploy: false
+    tfcluster_root: {repo}
+    tfcluster_python: {python}
+    tfcluster_workdir: {workdir}
+    tfcluster_data_dir: {workdir}/data
+    tfcluster_port_base: {port_base}
+{extra}  children:
+    chief:
+      hosts:
+{chief_hosts}    worker:
+      hosts:
+{worker_hosts}    ps:
+      hosts:
+{ps_hosts}""".format(
+        repo=REPO, python=sys.executable, workdir=workdir, port_base=port_base, extra=extra,
+        chief_hosts="".join("        chief%d: {ansible_host: localhost}\n" % i for i in range(chief)),
+        worker_hosts="".join("        worker%d: {ansible_host: localhost}\n" % i
+                             for i in range(workers)),
+        ps_hosts="".join("        ps%d: {ansible_host: localhost}\n" % i for i in range(ps)))
+
+
+@pytest.fixture
+def local_env(tmp_path):
+    """(inventory path, runs dir) on this machine, in a temporary folder."""
+    inventory = tmp_path / "local.yml"
+    inventory.write_text(local_inventory_text(str(tmp_path / "work")))
+    runs_dir = tmp_path / "runs"
+    yield str(inventory), str(runs_dir)
+    leftovers = stop_leftovers(str(tmp_path))
+    assert not leftovers, "processes of the test were still running: %s" % leftovers
+
+
+def tfcluster(*args, runs_dir=None, timeout=600, check=None, env=None):
+    """Run the CLI as a user would; returns CompletedProcess with text output."""
+    argv = [sys.executable, "-m", "tfcluster"]
+    if runs_dir:
+        argv += ["--runs-dir", runs_dir]
+    argv += list(args)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+    if check is not None and proc.returncode != check:
+        raise AssertionError("tfcluster %s exited %d, expected %d\nstdout:\n%s\nstderr:\n%s" % (
+            " ".join(args), proc.returncode, check, proc.stdout[-6000:], proc.stderr[-3000:]))
+    return proc
+
+
+def run_record(runs_dir, run_id=None):
+    if run_id is None:
+        names = sorted(os.listdir(runs_dir))
+        assert names, "no run folder in %s" % runs_dir
+        run_id = names[-1]
+    with open(os.path.join(runs_dir, run_id, "run.json")) as handle:
+        return json.load(handle)
+
+
+def processes_matching(text):
+    """(pid, command line) of processes whose command line or environment contains TEXT."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
+            with open("/proc/%s/environ" % pid, "rb") as handle:
+                environ = handle.read().decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline or text in environ:
+            found.append((int(pid), cmdline.strip()))
+    return found
+
+
+def stop_leftovers(marker):
+    """Kill processes whose command line or environment names MARKER; returns what was found."""
+    found = processes_matching(marker)
+    for pid, _ in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return found
+
+
+def port_free(port):
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(condition, timeout, what, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+
+
+def assert_run_clean(record):
+    """Every task process of the run gone, every port free."""
+    for label, task in record["tasks"].items():
+        if task.get("pid"):
+            assert not pid_alive(task["pid"]), "%s (pid %s) still running" % (label, task["pid"])
+        if task.get("port"):
+            assert port_free(task["port"]), "%s port %s still busy" % (label, task["port"])

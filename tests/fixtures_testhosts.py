@@ -1,0 +1,210 @@
+"""pytest fixture `testhosts`: 3 real SSH hosts (network namespaces) for a session.
+
+Use it from a test module with
+    pytest_plugins = ["fixtures_testhosts"]      # or import from conftest.py
+(tests/ must be on sys.path; the test modules insert it themselves).
+
+    def test_something(testhosts):
+        testhosts.inventory    # Path of inventory/testhosts.yml
+        testhosts.hosts        # [("th1", "10.231.0.11"), ("th2", ...), ("th3", ...)]
+        testhosts.key          # client private key (Path)
+        testhosts.known_hosts  # known_hosts with every host key (Path)
+        testhosts.ssh("th1", "hostname")   # CompletedProcess
+
+The fixture runs `scripts/testhosts up 3` once per session and ALWAYS runs
+`scripts/testhosts down` at teardown, even when up or a test failed. It skips
+(with the reason) when not root or when ip/sshd/ssh are missing. A lock file
+(/run/lock/tfc-testhosts.session.lock) serialises concurrent pytest sessions on
+one machine; stale hosts from a crashed run are removed with `down` before `up`.
+
+`leftovers()` lists whatever testhosts left behind (tfc-* namespaces and links,
+sshd processes started from .testhosts, /opt binds, state dir, inventory).
+`exclusive()` is for tests that run their own up/down cycle: it pauses the
+session hosts (if they are up) and brings them back afterwards.
+"""
+
+import contextlib
+import fcntl
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO = TESTS_DIR.parent
+SCRIPT = REPO / "scripts" / "testhosts"
+SESSION_LOCK = Path("/run/lock/tfc-testhosts.session.lock")
+SESSION_HOSTS = 3
+
+
+def _load_script():
+    loader = importlib.machinery.SourceFileLoader("_testhosts_script", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("_testhosts_script", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+th = _load_script()  # the script itself, as a module (names, paths, helpers)
+
+# One session host set per process, even if this module gets imported twice
+# (e.g. as a plugin and by `from fixtures_testhosts import testhosts` in a
+# conftest): the registry lives in sys.modules, not in this module's globals.
+_REGISTRY = sys.modules.setdefault("_tfc_testhosts_registry",
+                                  types.ModuleType("_tfc_testhosts_registry"))
+if not hasattr(_REGISTRY, "session_hosts"):
+    _REGISTRY.session_hosts = None
+
+
+def skip_reason():
+    """Why testhosts cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "testhosts needs root (it creates network namespaces)"
+    found, missing = th.find_tools()
+    if missing:
+        return th.missing_tools_message(missing)
+    if not Path("/usr/bin/python3").exists():
+        return "testhosts hosts use /usr/bin/python3, which is missing"
+    return None
+
+
+def run_script(*args, timeout=120):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def leftovers():
+    """Anything testhosts left on this machine (empty list == clean)."""
+    found, _ = th.find_tools()
+    th.TOOL.update(found)
+    return th.leftovers()
+
+
+# ---------------------------------------------------------------- session lock
+
+def _acquire_session_lock(timeout=600):
+    """Hold an exclusive lock for the rest of this pytest process (re-entrant)."""
+    if getattr(_REGISTRY, "lock_fd", None) is not None:
+        return
+    SESSION_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                pytest.fail(f"another pytest session holds {SESSION_LOCK} for {timeout}s")
+            time.sleep(0.5)  # polling another session's lock
+    _REGISTRY.lock_fd = fd
+
+
+# ---------------------------------------------------------------- host set
+
+
+class HostSet:
+    """N testhosts: paths, names, and an ssh helper. up()/down() run the script."""
+
+    def __init__(self, n):
+        self.n = n
+        self.inventory = th.INVENTORY
+        self.key = th.STATE / "id_ed25519"
+        self.known_hosts = th.STATE / "known_hosts"
+        self.state_dir = th.STATE
+        self.hosts = [(th.host_name(i), th.host_addr(i)) for i in range(1, n + 1)]
+        self.is_up = False
+
+    def up(self):
+        left = leftovers()
+        if left:  # a crashed run; we hold the session lock, so nobody else uses them
+            self.down()
+        r = run_script("up", self.n)
+        if r.returncode != 0:
+            self.down(check=False)
+            raise RuntimeError(f"testhosts up {self.n} failed ({r.returncode}): "
+                               f"{r.stderr.strip()} {r.stdout.strip()}")
+        self.is_up = True
+        return r
+
+    def down(self, check=True):
+        r = run_script("down")
+        self.is_up = False
+        if check and r.returncode != 0:
+            raise RuntimeError(f"testhosts down failed ({r.returncode}): {r.stderr.strip()}")
+        return r
+
+    def addr(self, host):
+        if isinstance(host, int):
+            return self.hosts[host - 1][1]
+        return dict(self.hosts)[host]
+
+    def ssh_argv(self, host, command, known_hosts=None, connect_timeout=5):
+        return ["ssh", "-F", "/dev/null", "-i", str(self.key), "-o", "IdentitiesOnly=yes",
+                "-o", "BatchMode=yes",
+                "-o", f"UserKnownHostsFile={known_hosts or self.known_hosts}",
+                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
+                "-o", f"ConnectTimeout={connect_timeout}", "-o", "LogLevel=ERROR",
+                f"root@{self.addr(host)}", command]
+
+    def ssh(self, host, command, timeout=30, **kw):
+        return subprocess.run(self.ssh_argv(host, command, **kw), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def link(self, i, updown):
+        r = run_script("link", i, updown)
+        if r.returncode != 0:
+            raise RuntimeError(f"testhosts link {i} {updown} failed: {r.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def exclusive():
+    """Run own up/down cycles: pause the session hosts if up, restore afterwards."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    _acquire_session_lock()
+    session = _REGISTRY.session_hosts
+    paused = session is not None and session.is_up
+    if paused:
+        session.down()
+    try:
+        yield
+    finally:
+        run_script("down")  # whatever the test did
+        if paused:
+            session.up()
+
+
+@pytest.fixture(scope="session")
+def testhosts():
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    if _REGISTRY.session_hosts is not None:  # set up by another registration of this fixture
+        yield _REGISTRY.session_hosts
+        return
+    _acquire_session_lock()
+    hs = HostSet(SESSION_HOSTS)
+    _REGISTRY.session_hosts = hs
+    try:
+        hs.up()
+        yield hs
+    finally:
+        _REGISTRY.session_hosts = None
+        hs.down(check=False)
+        left = leftovers()
+        if left:
+            # last resort, then report loudly
+            run_script("down")
+            left = leftovers()
+            if left:
+                raise RuntimeError("testhosts left behind: " + "; ".join(left))

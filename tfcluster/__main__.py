@@ -1,0 +1,3 @@
+from tfcluster.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""Command line: argument wiring only; the work is in launcher, manage, spec and data.
+
+Exit codes: 0 success, 1 run failed, 2 usage or bad input, 3 preflight failed,
+124 --timeout, 130 interrupted.
+"""
+import argparse
+import os
+import sys
+
+from tfcluster import __version__
+from tfcluster.errors import TfclusterError, UsageError
+
+DEFAULT_INVENTORY = "inventory/local.yml"
+COUNT_FLAGS = (("ps", "ps"), ("worker", "workers"), ("chief", "chief"), ("evaluator", "evaluators"))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error and exit status 2."""
+
+    def error(self, message):
+        self.exit(2, "tfcluster: error: %s (see %s --help)\n" % (message, self.prog))
+
+
+def count(text):
+    if text == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a number or 'all', not %r" % text) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected seconds, not %r" % text) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def build_parser():
+    parser = Parser(prog="tfcluster", description="Distributed TensorFlow on the machines of an "
+                                                  "Ansible inventory, with nothing left running.")
+    parser.add_argument("--version", action="version", version="tfcluster " + __version__)
+    parser.add_argument("--runs-dir", default="runs",
+                        help="where run folders go on this machine (default: ./runs)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    p = sub.add_parser("launch", help="run an example (or --cmd) on the inventory's hosts")
+    p.add_argument("example", nargs="?", help="catalog name (see `tfcluster examples`)")
+    p.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
+    p.add_argument("--cmd", help="your own command, run for every task with TF_CONFIG set")
+    p.add_argument("--run-id", help="name of the run folder (default: time-example-random)")
+    p.add_argument("--detach", action="store_true", help="return once every task runs")
+    p.add_argument("--timeout", type=seconds, help="stop everything after S seconds (exit 124)")
+    p.add_argument("--smoke", action="store_true", help="the example's tiny, seconds-long settings")
+    p.add_argument("--ps", type=count, default=argparse.SUPPRESS, help="ps tasks to use (number or 'all')")
+    p.add_argument("--workers", type=count, default=argparse.SUPPRESS, help="worker tasks to use (number or 'all')")
+    p.add_argument("--chief", type=count, default=argparse.SUPPRESS, help="chief tasks to use (0 or 1, or 'all')")
+    p.add_argument("--evaluators", type=count, default=argparse.SUPPRESS, help="evaluator tasks to use")
+    p.add_argument("--success", choices=["chief", "worker0", "all_workers"],
+                   help="with --cmd: which tasks must exit 0 (default: chief, else worker 0)")
+    p.add_argument("--resume", metavar="RUN", help="restore the chief from RUN's checkpoints")
+    p.add_argument("--intra-op-threads", type=int, help="per task (default: cores / tasks per host)")
+    p.add_argument("--inter-op-threads", type=int, help="per task (default: 1 or 2)")
+    p.add_argument("--start-timeout", type=seconds, default=60.0,
+                   help="seconds the ps tasks get to listen (default 60)")
+    p.add_argument("--finish-grace", type=seconds, default=30.0,
+                   help="seconds other workers get once the success policy is met (default 30)")
+    p.add_argument("--stop-grace", type=seconds, default=10.0,
+                   help="seconds between TERM and KILL when stopping tasks (default 10)")
+    p.add_argument("--cwd", help="with --cmd: working directory on the hosts")
+    p.epilog = "Arguments after a bare -- go to the trainer, e.g. -- --train_steps=1000"
+
+    p = sub.add_parser("spec", help="print the cluster spec per task")
+    p.add_argument("-i", "--inventory", default=None)
+    p.add_argument("--format", choices=["tf_config", "flags", "cluster_spec", "json"],
+                   default="tf_config")
+    p.add_argument("--cluster-spec", dest="cluster_spec_string",
+                   help="parse a dist_test string 'worker|h:p;h:p,ps|h:p' instead")
+    p.add_argument("--example", help="only the tasks this example would use")
+
+    p = sub.add_parser("check", help="preflight every host of the inventory")
+    p.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
+
+    sub.add_parser("examples", help="list the built-in examples")
+
+    p = sub.add_parser("status", help="tasks of a run and their state")
+    p.add_argument("run", nargs="?", help="run id (default: the newest)")
+    p = sub.add_parser("logs", help="print a run's logs")
+    p.add_argument("run", nargs="?", help="run id (default: the newest)")
+    p.add_argument("--task", help="only this task, e.g. worker:1")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until tasks end")
+    p = sub.add_parser("stop", help="stop every task of a run, collect its logs")
+    p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
+    p.add_argument("--grace", type=seconds, default=10.0)
+    sub.add_parser("runs", help="list past and current runs")
+
+    p = sub.add_parser("data", help="datasets")
+    data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=Parser)
+    f = data_sub.add_parser("fetch", help="download a dataset from its standard mirror, checked")
+    f.add_argument("name", help="mnist, cifar10 or census")
+    f.add_argument("--dest", required=True, help="folder to put the files in")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after a bare `--` goes to the trainer untouched.
+    trainer_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    args = parser.parse_args(argv)
+    args.trainer_args = trainer_args
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args) or 0
+    except TfclusterError as err:
+        print("tfcluster: error: %s" % err, file=sys.stderr, flush=True)
+        return err.exit_code
+
+
+def cmd_launch(args):
+    from tfcluster import catalog, launcher
+    from tfcluster.inventory import load_slots
+    user_args = list(args.trainer_args)
+    if args.cmd and args.example:
+        raise UsageError("give an example name or --cmd, not both")
+    if args.cmd:
+        example = catalog.custom_example(args.cmd, args.success or "chief")
+    elif args.example:
+        example = catalog.get_example(args.example)
+    else:
+        raise UsageError("name an example (`tfcluster examples` lists them) or pass --cmd")
+    if args.smoke and args.cmd:
+        raise UsageError("--smoke is for built-in examples; your --cmd decides its own settings")
+    # A count flag given as 'all' is None: every slot of that group.
+    counts = {job: getattr(args, flag) for job, flag in COUNT_FLAGS if hasattr(args, flag)}
+    options = launcher.LaunchOptions(
+        example=example, runs_dir=args.runs_dir, run_id=args.run_id, detach=args.detach,
+        timeout=args.timeout, user_args=tuple(user_args), smoke=args.smoke, counts=counts,
+        intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,
+        start_timeout=args.start_timeout, finish_grace=args.finish_grace,
+        stop_grace=args.stop_grace, resume=args.resume, cwd=args.cwd)
+    return launcher.launch(args.inventory, options, load_slots)
+
+
+def cmd_spec(args):
+    import json
+    from tfcluster import spec
+    if args.cluster_spec_string is not None:
+        if args.inventory:
+            raise UsageError("give -i INVENTORY or --cluster-spec, not both")
+        jobs = spec.parse_cluster_spec(args.cluster_spec_string)
+        if args.format not in ("json", "cluster_spec"):
+            raise UsageError("--cluster-spec prints as --format json or cluster_spec")
+        print(json.dumps(jobs) if args.format == "json" else spec.format_cluster_spec(jobs))
+        return 0
+    from tfcluster.inventory import JOBS, load_slots
+    slots = load_slots(args.inventory or DEFAULT_INVENTORY)
+    counts = None
+    if args.example:
+        from tfcluster.catalog import get_example
+        example = get_example(args.example)
+        counts = {job: example.topology.get(job, 0) for job in JOBS}
+    cluster = spec.build_cluster(slots, counts)
+    if not cluster.tasks:
+        raise UsageError("inventory has no hosts in ps, worker, chief or evaluator groups")
+    print(spec.render(cluster, args.format))
+    return 0
+
+
+def cmd_check(args):
+    from tfcluster import launcher, spec
+    from tfcluster.inventory import load_slots
+    cluster = spec.build_cluster(load_slots(args.inventory))
+    if not cluster.tasks:
+        raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups"
+                         % args.inventory)
+    launcher.check_hosts(cluster)
+    return 0
+
+
+def cmd_examples(args):
+    from tfcluster.catalog import load_catalog
+    for name, example in load_catalog().items():
+        topology = " ".join("%d %s" % (n, job) for job, n in example.topology.items() if n)
+        print("%-22s %-22s %s" % (name, topology, example.description))
+    return 0
+
+
+def cmd_status(args):
+    from tfcluster import manage
+    return manage.status(args.runs_dir, args.run)
+
+
+def cmd_logs(args):
+    from tfcluster import manage
+    return manage.logs(args.runs_dir, args.run, args.task, args.follow)
+
+
+def cmd_stop(args):
+    from tfcluster import manage
+    return manage.stop(args.runs_dir, args.run, args.grace)
+
+
+def cmd_runs(args):
+    from tfcluster import manage
+    return manage.history(args.runs_dir)
+
+
+def cmd_data(args):
+    from tfcluster import data
+    if args.data_command != "fetch":
+        raise UsageError("usage: tfcluster data fetch NAME --dest DIR")
+    data.fetch(args.name, os.path.abspath(args.dest))
+    return 0
+
+
+COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "examples": cmd_examples,
+            "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
+            "data": cmd_data}

@@ -1,0 +1,64 @@
+"""`tfcluster data fetch NAME --dest DIR`: download a dataset from its standard mirrors, checked."""
+import hashlib
+import json
+import os
+import tarfile
+import tempfile
+import urllib.request
+
+from tfcluster.catalog import trainers_dir
+from tfcluster.errors import TfclusterError, UsageError
+
+
+def manifest():
+    with open(os.path.join(trainers_dir(), "datasets.json")) as handle:
+        return json.load(handle)
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(name, dest, opener=urllib.request.urlopen):
+    datasets = manifest()
+    if name not in datasets:
+        raise UsageError("unknown dataset %r: choose one of %s" % (name, ", ".join(sorted(datasets))))
+    os.makedirs(dest, exist_ok=True)
+    for entry in datasets[name]["files"]:
+        target = os.path.join(dest, entry["name"])
+        if os.path.exists(target) and sha256_of(target) == entry["sha256"]:
+            print("%s: present, checksum ok" % target)
+        else:
+            _download(entry, target, opener)
+        if entry.get("extract"):
+            with tarfile.open(target) as archive:
+                archive.extractall(dest, filter="data")
+            print("%s: extracted into %s" % (entry["name"], dest))
+
+
+def _download(entry, target, opener):
+    errors = []
+    for url in entry["urls"]:
+        handle, tmp = tempfile.mkstemp(dir=os.path.dirname(target), suffix=".part")
+        try:
+            with os.fdopen(handle, "wb") as sink, opener(url, timeout=60) as response:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    sink.write(block)
+            actual = sha256_of(tmp)
+            if actual != entry["sha256"]:
+                errors.append("%s: checksum %s, expected %s" % (url, actual, entry["sha256"]))
+                continue
+            os.replace(tmp, target)
+            print("%s: downloaded from %s, checksum ok" % (target, url))
+            return
+        except OSError as err:
+            errors.append("%s: %s" % (url, err))
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    raise TfclusterError("could not fetch %s (%s); download it elsewhere and copy it to %s"
+                         % (entry["name"], "; ".join(errors), os.path.dirname(target)))

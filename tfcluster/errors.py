@@ -1,0 +1,35 @@
+"""Errors that carry data; only the CLI turns them into a message and an exit code."""
+
+
+class TfclusterError(Exception):
+    """A known failure: one line for the user, and the exit code that goes with it."""
+
+    exit_code = 1
+
+
+class UsageError(TfclusterError):
+    """Bad input (flags, inventory, cluster spec, example name): nothing was started."""
+
+    exit_code = 2
+
+
+class PreflightError(TfclusterError):
+    """A host is not ready (unreachable, no TensorFlow, port busy...): nothing was started."""
+
+    exit_code = 3
+
+    def __init__(self, message, report=None):
+        super().__init__(message)
+        self.report = report or {}
+
+
+class RunFailed(TfclusterError):
+    exit_code = 1
+
+
+class RunTimedOut(TfclusterError):
+    exit_code = 124
+
+
+class RunInterrupted(TfclusterError):
+    exit_code = 130

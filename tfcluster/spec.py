@@ -1,0 +1,200 @@
+"""The cluster model: tasks with addresses, rendered as TF_CONFIG, classic flags or dist_test string."""
+import json
+import re
+from dataclasses import dataclass
+
+from tfcluster.errors import UsageError
+from tfcluster.inventory import JOBS, Machine
+
+# Jobs that run a gRPC server and so appear in the cluster; an evaluator only reads checkpoints.
+SERVER_JOBS = ("chief", "worker", "ps")
+JOB_NAME = re.compile(r"^[a-z][0-9a-z]*$")
+
+
+@dataclass(frozen=True)
+class Task:
+    job: str
+    index: int
+    slot: str
+    machine: Machine
+    port: int | None
+    cuda_visible_devices: str | None = None
+
+    @property
+    def label(self):
+        return "%s:%d" % (self.job, self.index)
+
+    @property
+    def name(self):
+        """File-safe name, used for logs and pid files."""
+        return "%s-%d" % (self.job, self.index)
+
+    @property
+    def address(self):
+        return "%s:%d" % (self.machine.address, self.port)
+
+    def to_dict(self):
+        return {"job": self.job, "index": self.index, "slot": self.slot, "host": self.machine.address,
+                "port": self.port, "cuda_visible_devices": self.cuda_visible_devices}
+
+
+class Cluster:
+    def __init__(self, tasks):
+        self.tasks = list(tasks)
+
+    def job_tasks(self, job):
+        return [t for t in self.tasks if t.job == job]
+
+    def jobs(self):
+        """{job: [host:port, ...]} for the jobs that run servers, in a stable order."""
+        return {job: [t.address for t in self.job_tasks(job)]
+                for job in SERVER_JOBS if self.job_tasks(job)}
+
+    def tf_config(self, task):
+        return {"cluster": self.jobs(), "task": {"type": task.job, "index": task.index}}
+
+    def flags(self, task):
+        jobs = self.jobs()
+        return ["--ps_hosts=" + ",".join(jobs.get("ps", [])),
+                "--worker_hosts=" + ",".join(jobs.get("worker", [])),
+                "--job_name=" + task.job, "--task_index=%d" % task.index]
+
+    def cluster_spec_string(self):
+        return format_cluster_spec(self.jobs())
+
+    def machines(self):
+        """Distinct machines with their tasks, in task order."""
+        grouped = {}
+        for task in self.tasks:
+            grouped.setdefault(task.machine.key, (task.machine, []))[1].append(task)
+        return list(grouped.values())
+
+    def find(self, label):
+        for task in self.tasks:
+            if task.label == label or task.name == label:
+                return task
+        raise UsageError("no task %s in this cluster: tasks are %s"
+                         % (label, ", ".join(t.label for t in self.tasks)))
+
+
+def build_cluster(slots, counts=None):
+    """Tasks for SLOTS: GPU expansion, COUNTS (job -> number or None for all), ports, validation."""
+    tasks_by_job = {}
+    for slot in slots:
+        tasks_by_job.setdefault(slot.job, []).extend(_expand(slot))
+    chosen = []
+    for job in JOBS:
+        available = tasks_by_job.get(job, [])
+        wanted = len(available) if not counts or counts.get(job) is None else counts[job]
+        if wanted > len(available):
+            raise UsageError("the inventory has %d %s task(s) but %d are needed: add hosts to "
+                             "its [%s] group or ask for fewer" % (len(available), job, wanted, job))
+        chosen.extend(available[:wanted])
+    tasks = _assign_ports(chosen)
+    _check_unique_addresses(tasks)
+    return Cluster(tasks)
+
+
+def _expand(slot):
+    """One task per GPU on workers that list tfcluster_gpus; ps never sees a GPU."""
+    if slot.job == "ps":
+        return [(slot, "")]
+    if slot.gpus is None:
+        return [(slot, None)]
+    if slot.job == "worker" and slot.gpus:
+        return [(slot, str(gpu)) for gpu in slot.gpus]
+    return [(slot, ",".join(str(g) for g in slot.gpus))]
+
+
+def _assign_ports(chosen):
+    taken = {}
+    for slot, _ in chosen:
+        if slot.port is not None:
+            taken.setdefault(slot.machine.address, set()).add(slot.port)
+    tasks, index = [], {}
+    next_port = {}
+    for slot, devices in chosen:
+        job_index = index.get(slot.job, 0)
+        index[slot.job] = job_index + 1
+        port = None
+        if slot.job in SERVER_JOBS:
+            if slot.port is not None and slot.gpus is None:
+                port = slot.port
+            else:
+                used = taken.setdefault(slot.machine.address, set())
+                port = max(next_port.get(slot.machine.address, slot.port_base), slot.port_base)
+                while port in used:
+                    port += 1
+                used.add(port)
+                next_port[slot.machine.address] = port + 1
+            if not 1 <= port <= 65535:
+                raise UsageError("host %s: port %d is out of range: set tfcluster_port or "
+                                 "tfcluster_port_base between 1 and 65535" % (slot.name, port))
+        tasks.append(Task(slot.job, job_index, slot.name, slot.machine, port, devices))
+    return tasks
+
+
+def _check_unique_addresses(tasks):
+    seen = {}
+    for task in tasks:
+        if task.port is None:
+            continue
+        if task.address in seen:
+            raise UsageError("%s and %s both use %s: give one of them another tfcluster_port"
+                             % (seen[task.address], task.label, task.address))
+        seen[task.address] = task.label
+
+
+def format_cluster_spec(jobs):
+    return ",".join("%s|%s" % (job, ";".join(addresses)) for job, addresses in jobs.items())
+
+
+def parse_cluster_spec(text):
+    """Parse dist_test's `job|host:port;host:port,job|...` into {job: [host:port, ...]}."""
+    fix = " (expected e.g. 'worker|localhost:2222;localhost:2223,ps|localhost:2224')"
+    if not text or not text.strip():
+        raise UsageError("empty cluster spec" + fix)
+    jobs = {}
+    for part in text.strip().split(","):
+        if part.count("|") != 1:
+            raise UsageError("job %r in the cluster spec needs exactly one '|'" % part + fix)
+        name, task_text = part.split("|")
+        if not name:
+            raise UsageError("a job in the cluster spec has an empty name" + fix)
+        if not JOB_NAME.match(name):
+            raise UsageError("job name %r must match [a-z][0-9a-z]*" % name + fix)
+        if name in jobs:
+            raise UsageError("job %r appears twice in the cluster spec" % name + fix)
+        if not task_text:
+            raise UsageError("job %r has no tasks in the cluster spec" % name + fix)
+        addresses = task_text.split(";")
+        for address in addresses:
+            _check_address(address, name, fix)
+        jobs[name] = addresses
+    return jobs
+
+
+def _check_address(address, job, fix):
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError("task %r of job %r is not host:port with a port from 1 to 65535"
+                         % (address, job) + fix)
+
+
+def render(cluster, fmt):
+    """Text for `tfcluster spec`: one block per task, or the whole cluster as JSON."""
+    if fmt == "json":
+        return json.dumps({"cluster": cluster.jobs(), "cluster_spec": cluster.cluster_spec_string(),
+                           "tasks": [dict(t.to_dict(), tf_config=cluster.tf_config(t),
+                                          flags=cluster.flags(t)) for t in cluster.tasks]},
+                          indent=2)
+    if fmt == "cluster_spec":
+        return cluster.cluster_spec_string()
+    lines = []
+    for task in cluster.tasks:
+        if fmt == "tf_config":
+            value = "TF_CONFIG='%s'" % json.dumps(cluster.tf_config(task), separators=(",", ":"))
+        else:
+            value = " ".join(cluster.flags(task))
+        lines.append("%-12s %-22s %s" % (task.label, task.machine.address, value))
+    return "\n".join(lines)

@@ -1,0 +1,199 @@
+"""What every trainer shares: the cluster, the server, roles, sessions, checkpoints, the result line.
+
+Host side: imports TensorFlow and the standard library only, never tfcluster.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+RESULT_PREFIX = "TFCLUSTER_RESULT "
+
+
+class ClusterInfo:
+    """This task's place in the cluster: {job: [host:port]}, its job name and index."""
+
+    def __init__(self, jobs, job, index):
+        self.jobs = {name: list(addresses) for name, addresses in jobs.items() if addresses}
+        self.job = job
+        self.index = index
+
+    @property
+    def num_workers(self):
+        return len(self.jobs.get("worker", []))
+
+    @property
+    def num_ps(self):
+        return len(self.jobs.get("ps", []))
+
+    @property
+    def is_chief(self):
+        """The chief task, or worker 0 when the cluster has no chief job."""
+        if "chief" in self.jobs:
+            return self.job == "chief" and self.index == 0
+        return self.job == "worker" and self.index == 0
+
+    @property
+    def device(self):
+        return "/job:%s/task:%d" % (self.job, self.index)
+
+    @property
+    def label(self):
+        return "%s:%d" % (self.job, self.index)
+
+    def cluster_spec(self):
+        import tensorflow as tf
+        return tf.train.ClusterSpec(self.jobs)
+
+
+def add_cluster_flags(parser):
+    """The classic flags; TF_CONFIG is used when --job_name is not given."""
+    group = parser.add_argument_group("cluster (default: from TF_CONFIG)")
+    group.add_argument("--ps_hosts", default="", help="comma-separated host:port of the ps tasks")
+    group.add_argument("--worker_hosts", default="", help="comma-separated host:port of the workers")
+    group.add_argument("--cluster_spec", default="",
+                       help="dist_test form: 'worker|h:p;h:p,ps|h:p' (instead of the two above)")
+    group.add_argument("--job_name", default="", help="ps or worker (or chief)")
+    group.add_argument("--task_index", "--task_id", type=int, default=0, dest="task_index",
+                       help="index of this task within its job")
+    return parser
+
+
+def parse_dist_test_spec(text):
+    jobs = {}
+    for part in text.split(","):
+        name, _, tasks = part.partition("|")
+        if not name or not tasks:
+            raise SystemExit("--cluster_spec: %r is not JOB|host:port;host:port" % part)
+        jobs[name] = tasks.split(";")
+    return jobs
+
+
+def cluster_from_args(args, environ=None):
+    environ = os.environ if environ is None else environ
+    if args.job_name:
+        if args.cluster_spec:
+            jobs = parse_dist_test_spec(args.cluster_spec)
+        else:
+            jobs = {"ps": [h for h in args.ps_hosts.split(",") if h],
+                    "worker": [h for h in args.worker_hosts.split(",") if h]}
+        return ClusterInfo(jobs, args.job_name, args.task_index)
+    if environ.get("TF_CONFIG"):
+        config = json.loads(environ["TF_CONFIG"])
+        return ClusterInfo(config["cluster"], config["task"]["type"], int(config["task"]["index"]))
+    raise SystemExit("no cluster given: pass --job_name with --ps_hosts/--worker_hosts "
+                     "(or --cluster_spec), or set TF_CONFIG")
+
+
+def thread_counts(environ=None):
+    """Intra/inter-op thread counts the launcher gave this task (0 lets TensorFlow choose)."""
+    environ = os.environ if environ is None else environ
+    return (int(environ.get("TF_NUM_INTRAOP_THREADS", 0) or 0),
+            int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0))
+
+
+def session_config(info, device_filters=True):
+    """ConfigProto for a between-graph replica.
+
+    Device filters keep a worker from waiting on other workers in CreateSession: without them a
+    worker blocks forever once another worker has exited (TensorFlow issues #7376, #11753).
+    """
+    import tensorflow as tf
+    intra, inter = thread_counts()
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True,
+                                      intra_op_parallelism_threads=intra,
+                                      inter_op_parallelism_threads=inter)
+    if device_filters and info.job != "ps":
+        config.device_filters[:] = ["/job:ps", info.device]
+    return config
+
+
+def start_server(info, config=None):
+    import tensorflow as tf
+    server = tf.compat.v1.train.Server(info.cluster_spec(), job_name=info.job,
+                                       task_index=info.index,
+                                       config=config or session_config(info), start=True)
+    log("%s serving at %s" % (info.label, info.jobs[info.job][info.index]))
+    return server
+
+
+def serve_forever(server, info):
+    """A ps task serves until the launcher stops it: TensorFlow has no remote shutdown."""
+    log("%s joined; it serves until tfcluster stops it" % info.label)
+    server.join()
+
+
+def add_checkpoint_flags(parser, default_dir=""):
+    parser.add_argument("--checkpoint_dir", default=default_dir,
+                        help="where the chief saves checkpoints; a new run resumes from the last one")
+    parser.add_argument("--save_every_steps", type=int, default=0,
+                        help="chief saves a checkpoint every N global steps (0: only at the end)")
+    return parser
+
+
+def session_manager(ready_op=None, local_init_op=None, ready_for_local_init_op=None):
+    """TensorFlow's SessionManager polling every half second instead of every 30 s."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    return v1.train.SessionManager(
+        local_init_op=local_init_op,
+        ready_op=ready_op if ready_op is not None else v1.report_uninitialized_variables(),
+        ready_for_local_init_op=ready_for_local_init_op, recovery_wait_secs=0.5)
+
+
+def prepare_session(info, server, manager, init_op, saver, checkpoint_dir, config,
+                    max_wait_secs=300):
+    """The chief restores the last checkpoint or initialises; the others wait for it."""
+    if info.is_chief:
+        sess = manager.prepare_session(server.target, init_op=init_op, saver=saver,
+                                       checkpoint_dir=checkpoint_dir or None, config=config)
+    else:
+        sess = manager.wait_for_session(server.target, config=config, max_wait_secs=max_wait_secs)
+    return sess
+
+
+def save_checkpoint(sess, saver, checkpoint_dir, global_step):
+    if not checkpoint_dir:
+        return None
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    path = saver.save(sess, os.path.join(checkpoint_dir, "model.ckpt"), global_step=global_step)
+    log("saved checkpoint %s" % path)
+    return path
+
+
+def report(results):
+    """The one machine-readable line the launcher collects into run.json."""
+    print(RESULT_PREFIX + json.dumps(results, sort_keys=True), flush=True)
+
+
+def log(message):
+    print(message, flush=True)
+
+
+def make_parser(description):
+    return argparse.ArgumentParser(description=description,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def quiet_tensorflow():
+    """TensorFlow's C++ INFO lines drown the training output; warnings still show."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+class Timer:
+    def __init__(self):
+        self.start = time.monotonic()
+
+    @property
+    def seconds(self):
+        return time.monotonic() - self.start
+
+
+def main_guard(run, argv=None):
+    """Run a trainer's main and map a clean SystemExit message to exit status 2."""
+    quiet_tensorflow()
+    try:
+        return run(argv if argv is not None else sys.argv[1:])
+    except KeyboardInterrupt:
+        return 130
