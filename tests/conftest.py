@@ -17,11 +17,21 @@ sys.path.insert(0, REPO)
 pytest_plugins = ["fixtures_testhosts"] if os.path.exists(
     os.path.join(TESTS, "fixtures_testhosts.py")) else []
 
-# Tests use their own port range so a user's runs on 2222+ never collide with them.
-TEST_PORT_BASE = 24100
+# Tests use their own port range so a user's runs on 2222+ never collide with them; each test
+# takes a block of free ports, so test sessions running side by side do not collide either.
+TEST_PORT_RANGE = range(24100, 29000, 20)
 
 
-def local_inventory_text(workdir, port_base=TEST_PORT_BASE, ps=2, workers=3, chief=1, extra=""):
+def free_port_block(size=12):
+    start = 24100 + (os.getpid() * 20) % (29000 - 24100)
+    for offset in range(0, 29000 - 24100, 20):
+        base = 24100 + (start - 24100 + offset) % (29000 - 24100)
+        if all(port_free(p) for p in range(base, base + size)):
+            return base
+    raise AssertionError("no block of %d free ports in %s" % (size, TEST_PORT_RANGE))
+
+
+def local_inventory_text(workdir, port_base=None, ps=2, workers=3, chief=1, extra=""):
     """An inventory like inventory/local.yml, with its own work folder and ports."""
     return """all:
   vars:
@@ -40,7 +50,8 @@ def local_inventory_text(workdir, port_base=TEST_PORT_BASE, ps=2, workers=3, chi
 {worker_hosts}    ps:
       hosts:
 {ps_hosts}""".format(
-        repo=REPO, python=sys.executable, workdir=workdir, port_base=port_base, extra=extra,
+        repo=REPO, python=sys.executable, workdir=workdir, extra=extra,
+        port_base=port_base if port_base is not None else free_port_block(),
         chief_hosts="".join("        chief%d: {ansible_host: localhost}\n" % i for i in range(chief)),
         worker_hosts="".join("        worker%d: {ansible_host: localhost}\n" % i
                              for i in range(workers)),

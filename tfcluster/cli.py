@@ -74,6 +74,9 @@ def build_parser():
                    help="seconds other workers get once the success policy is met (default 30)")
     p.add_argument("--stop-grace", type=seconds, default=10.0,
                    help="seconds between TERM and KILL when stopping tasks (default 10)")
+    p.add_argument("--lease", type=seconds, default=60.0,
+                   help="seconds tasks outlive a launcher that vanished without stopping them "
+                        "(default 60; --detach runs have no lease)")
     p.add_argument("--cwd", help="with --cmd: working directory on the hosts")
     p.epilog = "Arguments after a bare -- go to the trainer, e.g. -- --train_steps=1000"
 
@@ -148,7 +151,7 @@ def cmd_launch(args):
         timeout=args.timeout, user_args=tuple(user_args), smoke=args.smoke, counts=counts,
         intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,
         start_timeout=args.start_timeout, finish_grace=args.finish_grace,
-        stop_grace=args.stop_grace, resume=args.resume, cwd=args.cwd)
+        stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd)
     return launcher.launch(args.inventory, options, load_slots)
 
 

@@ -24,7 +24,13 @@ class PreflightError(TfclusterError):
 
 
 class RunFailed(TfclusterError):
+    """The run ended badly; TASK is the task whose failure ended it, when there is one."""
+
     exit_code = 1
+
+    def __init__(self, message, task=None):
+        super().__init__(message)
+        self.task = task
 
 
 class RunTimedOut(TfclusterError):

@@ -87,7 +87,7 @@ def preflight(hosts, cluster, expect_code=True):
         if busy:
             problems.append("%s: port(s) %s already in use: stop what uses them (`tfcluster stop`) "
                             "or set tfcluster_port_base" % (machine.label, ", ".join(busy)))
-        if expect_code and report.get("code_hash") != controller_hash:
+        if expect_code and report.get("code_hash") != controller_hash and not _runs_this_checkout(machine):
             problems.append("%s: its trainer code differs from this checkout's: rerun "
                             "ansible-playbook playbooks/deploy.yml" % machine.label)
     versions = {r.get("tf_version") for r in reports.values() if r.get("tf_version")}
@@ -115,7 +115,14 @@ def print_preflight(cluster, reports, controller_hash=None):
             machine.label, "yes", report.get("tf_version") or "MISSING", report.get("cpus", "?"),
             len(report.get("gpus", [])),
             ("busy " + ",".join(busy)) if busy else "%d free" % len(ports),
-            "same" if code == controller_hash else ("stale" if code else "missing")))
+            "same" if code == controller_hash or _runs_this_checkout(machine)
+            else ("stale" if code else "missing")))
+
+
+def _runs_this_checkout(machine):
+    """A local slot whose code is this very checkout cannot be stale."""
+    return machine.is_local and os.path.realpath(os.path.join(machine.root, "trainers")) == \
+        os.path.realpath(trainers_dir())
 
 
 def _controller_code_hash():
@@ -189,11 +196,12 @@ def _json(obj):
 class Poller:
     """Polls every machine's agent; prints new log lines prefixed with task and host."""
 
-    def __init__(self, hosts, cluster, run_id, echo=True):
+    def __init__(self, hosts, cluster, run_id, echo=True, prefix=True):
         self.hosts = hosts
         self.cluster = cluster
         self.run_id = run_id
         self.echo = echo
+        self.prefix = prefix
         self.offsets = {t.name: 0 for t in cluster.tasks}
         self.states = {}
         self.tails = {t.label: collections.deque(maxlen=TAIL_LINES) for t in cluster.tasks}
@@ -234,7 +242,7 @@ class Poller:
     def _emit(self, task, text):
         if not text:
             return
-        prefix = "[%s %s] " % (task.label, task.machine.address)
+        prefix = "[%s %s] " % (task.label, task.machine.address) if self.prefix else ""
         for line in text.splitlines():
             self.tails[task.label].append(line)
             if self.echo:
@@ -373,7 +381,8 @@ class Launch:
             self.poller.poll(ports)
             for task in ps:
                 if not self.poller.states.get(task.label, {}).get("alive", True):
-                    raise RunFailed("%s exited before it listened on %s" % (task.label, task.address))
+                    raise RunFailed("%s exited before it listened on %s"
+                                    % (task.label, task.address), task=task)
             if all(self.poller.listening.get((t.machine.key, t.port)) for t in ps):
                 note("ps task(s) listening: %s" % ", ".join(t.address for t in ps))
                 return
@@ -389,9 +398,10 @@ class Launch:
         policy_met_at = None
         while True:
             self.poller.poll()
-            failure = first_failure(self.cluster, self.poller.states)
-            if failure:
-                return RunFailed(failure)
+            failed = first_failure(self.cluster, self.poller.states)
+            if failed:
+                task, message = failed
+                return RunFailed(message, task=task)
             lost = self.poller.out_of_contact()
             if lost:
                 return RunFailed("lost contact with %s for %ds" % (
@@ -441,9 +451,9 @@ def first_failure(cluster, states):
             continue
         code = state.get("exit")
         if task.job in TRACKED_JOBS and code != 0:
-            return "%s on %s %s" % (task.label, task.machine.address, describe_exit(state))
+            return task, "%s on %s %s" % (task.label, task.machine.address, describe_exit(state))
         if task.job == "ps":
-            return "%s on %s ended while the run was active (%s)" % (
+            return task, "%s on %s ended while the run was active (%s)" % (
                 task.label, task.machine.address, describe_exit(state))
     return None
 
@@ -536,7 +546,7 @@ def finish(hosts, cluster, record, poller, outcome, grace, stopped_by_user=False
     record.save()
     print_summary(cluster, record)
     if isinstance(outcome, RunFailed):
-        failed = _failed_task(cluster, poller.states)
+        failed = outcome.task
         if failed is not None:
             note("last %d lines of %s:" % (TAIL_LINES, failed.label))
             for line in _tail(record, failed, poller):
@@ -567,14 +577,6 @@ def _task_state(task, state):
     if code is not None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL):
         return "stopped"
     return "failed"
-
-
-def _failed_task(cluster, states):
-    for task in cluster.tasks:
-        st = states.get(task.label, {})
-        if task.job in TRACKED_JOBS and not st.get("alive", True) and st.get("exit") not in (0, None):
-            return task
-    return None
 
 
 def _tail(record, task, poller):

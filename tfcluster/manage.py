@@ -76,7 +76,7 @@ def logs(runs_dir, run_id, task_label=None, follow=False):
         return 0
     hosts = Hosts([m for m, _ in cluster.machines()])
     try:
-        poller = Poller(hosts, cluster, record.id)
+        poller = Poller(hosts, cluster, record.id, prefix=len(chosen) > 1)
         while True:
             poller.poll(only=chosen)
             if not follow or not any(poller.states.get(t.label, {}).get("alive") for t in chosen):

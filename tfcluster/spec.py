@@ -112,7 +112,6 @@ def _assign_ports(chosen):
         if slot.port is not None:
             taken.setdefault(slot.machine.address, set()).add(slot.port)
     tasks, index = [], {}
-    next_port = {}
     for slot, devices in chosen:
         job_index = index.get(slot.job, 0)
         index[slot.job] = job_index + 1
@@ -121,12 +120,12 @@ def _assign_ports(chosen):
             if slot.port is not None and slot.gpus is None:
                 port = slot.port
             else:
+                # The lowest port from the slot's base that no task on its machine has.
                 used = taken.setdefault(slot.machine.address, set())
-                port = max(next_port.get(slot.machine.address, slot.port_base), slot.port_base)
+                port = slot.port_base
                 while port in used:
                     port += 1
                 used.add(port)
-                next_port[slot.machine.address] = port + 1
             if not 1 <= port <= 65535:
                 raise UsageError("host %s: port %d is out of range: set tfcluster_port or "
                                  "tfcluster_port_base between 1 and 65535" % (slot.name, port))

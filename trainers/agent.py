@@ -6,8 +6,9 @@ object on stdout. Each task runs in its own session and process group under a sm
 that records its pid and exit status in the run folder, so any later call (even from a new
 controller) can see, stream and stop it.
 
-Run folder layout (one per run and host): NAME.log, NAME.pid (the task's process group id),
-NAME.exit (its exit status, written when it ends), NAME.sup (the supervisor's pid), .lease.
+Run folder layout (one per run and host): NAME.log, NAME.pgid (the task's process group id),
+NAME.status (its exit status, written when it ends), NAME.supervisor (the supervisor's pid),
+NAME.task.json (what was started) and .lease.
 """
 import argparse
 import base64
@@ -86,14 +87,14 @@ def write_atomic(path, text):
 
 def task_names(run_dir):
     try:
-        return sorted(n[:-4] for n in os.listdir(run_dir) if n.endswith(".pid"))
+        return sorted(n[:-len(".pgid")] for n in os.listdir(run_dir) if n.endswith(".pgid"))
     except FileNotFoundError:
         return []
 
 
 def task_state(run_dir, name):
-    pgid = read_int(os.path.join(run_dir, name + ".pid"))
-    code = read_int(os.path.join(run_dir, name + ".exit"))
+    pgid = read_int(os.path.join(run_dir, name + ".pgid"))
+    code = read_int(os.path.join(run_dir, name + ".status"))
     alive = code is None and pgid is not None and group_alive(pgid)
     if code is None and not alive:
         # Supervisor gone without a record (killed from outside): the task's end is unknown.
@@ -154,9 +155,9 @@ def cmd_start(args):
     started = {}
     for task in spec["tasks"]:
         name = task["name"]
-        if os.path.exists(os.path.join(args.dir, name + ".pid")):
+        if os.path.exists(os.path.join(args.dir, name + ".pgid")):
             raise SystemExit("task %s already started in %s" % (name, args.dir))
-        with open(os.path.join(args.dir, name + ".json"), "w") as handle:
+        with open(os.path.join(args.dir, name + ".task.json"), "w") as handle:
             json.dump(task, handle)
         subprocess.Popen([sys.executable, os.path.abspath(__file__), "supervise", "--dir", args.dir,
                           "--name", name, "--lease", str(spec.get("lease", 0))],
@@ -164,7 +165,7 @@ def cmd_start(args):
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
     deadline = time.monotonic() + 10
     for task in spec["tasks"]:
-        pid_file = os.path.join(args.dir, task["name"] + ".pid")
+        pid_file = os.path.join(args.dir, task["name"] + ".pgid")
         while not os.path.exists(pid_file) and time.monotonic() < deadline:
             time.sleep(0.02)
         started[task["name"]] = read_int(pid_file)
@@ -174,13 +175,13 @@ def cmd_start(args):
 def cmd_supervise(args):
     """Run one task in its own process group; record pid and exit status; honour the lease."""
     base = os.path.join(args.dir, args.name)
-    with open(base + ".json") as handle:
+    with open(base + ".task.json") as handle:
         task = json.load(handle)
     env = dict(os.environ)
     env.update(task.get("env", {}))
     for name, value in task.get("env_prepend", {}).items():
         env[name] = value + (os.pathsep + env[name] if env.get(name) else "")
-    write_atomic(base + ".sup", str(os.getpid()))
+    write_atomic(base + ".supervisor", str(os.getpid()))
     with open(base + ".log", "ab", buffering=0) as log:
         try:
             proc = subprocess.Popen(["/bin/sh", "-c", task["command"]], cwd=task.get("cwd") or None,
@@ -188,10 +189,10 @@ def cmd_supervise(args):
                                     stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as err:
             log.write(("tfcluster agent: cannot start task: %s\n" % err).encode())
-            write_atomic(base + ".pid", "0")
-            write_atomic(base + ".exit", "127")
+            write_atomic(base + ".pgid", "0")
+            write_atomic(base + ".status", "127")
             return
-        write_atomic(base + ".pid", str(proc.pid))
+        write_atomic(base + ".pgid", str(proc.pid))
         lease_file = os.path.join(args.dir, ".lease")
         while True:
             try:
@@ -204,7 +205,7 @@ def cmd_supervise(args):
                 kill_group(proc.pid, grace=5)
         code = proc.returncode
     # Signals map to the shell convention 128+N.
-    write_atomic(base + ".exit", str(code if code >= 0 else 128 - code))
+    write_atomic(base + ".status", str(code if code >= 0 else 128 - code))
 
 
 def lease_expired(lease_file, lease_seconds):
@@ -292,7 +293,7 @@ def cmd_stop(args):
 
 def cmd_files(args):
     names = sorted(os.listdir(args.dir)) if os.path.isdir(args.dir) else []
-    print(json.dumps({"files": [n for n in names if n.endswith((".log", ".exit", ".json"))]}))
+    print(json.dumps({"files": [n for n in names if n.endswith((".log", ".status", ".task.json"))]}))
 
 
 def build_parser():

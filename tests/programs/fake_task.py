@@ -1,0 +1,35 @@
+"""A stand-in for a TensorFlow task, for launcher tests that need no TensorFlow.
+
+ps tasks listen on their TF_CONFIG port until stopped. Workers behave as FAKE_<JOB>_<INDEX>
+says: "exit:N:S" exits with N after S seconds, "forever" runs until stopped; the default is exit 0
+after 1 s. Each task prints its TF_CONFIG task and the result line.
+"""
+import json
+import os
+import socket
+import sys
+import time
+
+config = json.loads(os.environ["TF_CONFIG"])
+job, index = config["task"]["type"], config["task"]["index"]
+print("fake %s:%d starting, python %s" % (job, index, sys.executable), flush=True)
+print("flags: %s" % " ".join(sys.argv[1:]), flush=True)
+if job == "ps":
+    host, port = config["cluster"]["ps"][index].rsplit(":", 1)
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("", int(port)))
+    server.listen()
+    print("listening on %s" % port, flush=True)
+    while True:
+        connection, _ = server.accept()
+        connection.close()
+behaviour = os.environ.get("FAKE_%s_%d" % (job.upper(), index), "exit:0:1")
+if behaviour == "forever":
+    while True:
+        print("working", flush=True)
+        time.sleep(0.5)
+_, code, delay = behaviour.split(":")
+time.sleep(float(delay))
+print('TFCLUSTER_RESULT {"task": "%s:%d", "accuracy": 0.5}' % (job, index), flush=True)
+sys.exit(int(code))

@@ -1,0 +1,57 @@
+"""The command line: one-line errors, exit codes, nothing started on bad input."""
+import os
+
+import pytest
+
+from conftest import REPO, tfcluster
+
+
+@pytest.mark.parametrize("args, message", [
+    (["launch", "no_such_example"], "unknown example 'no_such_example'"),
+    (["launch"], "name an example"),
+    (["launch", "mnist_replica", "-i", "missing.yml"], "inventory missing.yml does not exist"),
+    (["launch", "mnist_replica", "--cmd", "true"], "not both"),
+    (["launch", "mnist_replica", "--workers", "lots"], "expected a number or 'all'"),
+    (["launch", "mnist_replica", "--timeout", "-3"], "must be more than 0"),
+    (["launch", "mnist_replica", "--ps", "5"], "2 ps task(s) but 5 are needed"),
+    (["status", "no-such-run"], "no run no-such-run"),
+    (["stop"], "no running run"),
+    (["data", "fetch", "imagenet", "--dest", "/tmp/x"], "unknown dataset 'imagenet'"),
+    (["bogus"], "invalid choice"),
+])
+def test_usage_errors_are_one_line_exit_2(tmp_path, args, message):
+    proc = tfcluster(*args, runs_dir=str(tmp_path / "runs"))
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")
+
+
+def test_missing_group_is_reported(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("worker:\n  hosts:\n    w[0:1]: {ansible_host: localhost, "
+                         "ansible_connection: local}\n")
+    proc = tfcluster("launch", "mnist_replica", "-i", str(inventory), runs_dir=str(tmp_path))
+    assert proc.returncode == 2
+    assert "has no [ps] group but mnist_replica needs 1 ps task(s)" in proc.stderr
+
+
+def test_examples_lists_names_first():
+    proc = tfcluster("examples", check=0)
+    names = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert "mnist_replica" in names
+    from tfcluster.catalog import load_catalog
+    assert names == list(load_catalog())
+
+
+def test_runs_empty(tmp_path):
+    proc = tfcluster("runs", runs_dir=str(tmp_path / "none"), check=0)
+    assert "no runs yet" in proc.stdout
+
+
+def test_readme_quick_start_commands():
+    with open(os.path.join(REPO, "README.md")) as handle:
+        readme = handle.read()
+    commands = [line.strip() for line in readme.split("## Quick start", 1)[1].splitlines()
+                if line.strip().startswith("make ")]
+    assert commands[:2] == ["make demo", "make test"]

@@ -1,0 +1,208 @@
+"""The launcher end to end on this machine: real TensorFlow runs, failures, signals, detach."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import (REPO, assert_run_clean, pid_alive, run_record, tfcluster, wait_for)
+
+FAKE = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
+
+
+def check_mnist_run(runs_dir, sync):
+    record = run_record(runs_dir)
+    assert record["state"] == "succeeded" and record["exit_code"] == 0
+    run_dir = os.path.join(runs_dir, record["id"])
+    for name in ("ps-0", "worker-0", "worker-1"):
+        assert os.path.getsize(os.path.join(run_dir, name + ".log")) > 0
+    assert record["cluster"]["ps"] and len(record["cluster"]["worker"]) == 2
+    assert record["machines"][0]["tf_version"].startswith("2.21")
+    assert record["tasks"]["ps:0"]["state"] == "stopped"
+    # The loss at global step 0, seen by whichever worker evaluated before any update.
+    initial = max(r["initial_xent"] for r in record["results"].values())
+    assert initial > 1.5
+    for label in ("worker:0", "worker:1"):
+        result = record["results"][label]
+        assert record["tasks"][label]["state"] == "succeeded"
+        assert result["sync"] is sync
+        assert result["global_step"] >= 60
+        # Learned: validation cross entropy far below where it started (ln 10 = 2.3).
+        assert result["final_xent"] < 0.5 * initial, result
+        assert result["accuracy"] > 0.5
+    with open(os.path.join(run_dir, "worker-0.log")) as handle:
+        assert "validation cross entropy" in handle.read()
+    assert_run_clean(record)
+    return record
+
+
+def test_mnist_replica_async(local_env):
+    inventory, runs_dir = local_env
+    proc = tfcluster("launch", "mnist_replica", "-i", inventory, "--smoke", runs_dir=runs_dir,
+                     check=0)
+    assert "[worker:1 localhost] " in proc.stdout
+    assert "run %s succeeded" % run_record(runs_dir)["id"] in proc.stdout
+    check_mnist_run(runs_dir, sync=False)
+
+
+def test_mnist_replica_sync(local_env):
+    inventory, runs_dir = local_env
+    tfcluster("launch", "mnist_replica", "-i", inventory, "--smoke", "--", "--sync_replicas",
+              runs_dir=runs_dir, check=0)
+    record = check_mnist_run(runs_dir, sync=True)
+    steps = {r["global_step"] for r in record["results"].values()}
+    assert steps == {60}, "sync workers stop together at exactly the target step"
+
+
+def test_crashing_worker_stops_everything(local_env):
+    inventory, runs_dir = local_env
+    started = time.monotonic()
+    proc = tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--ps", "1", "--workers", "2",
+                     "--chief", "0", runs_dir=runs_dir,
+                     env={"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "exit:3:1"})
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "worker:1 on localhost exited with status 3" in proc.stderr
+    assert "last 20 lines of worker:1" in proc.stdout
+    record = run_record(runs_dir)
+    assert record["state"] == "failed"
+    assert record["tasks"]["worker:0"]["state"] == "stopped"
+    assert record["tasks"]["worker:1"]["exit"] == 3
+    assert_run_clean(record)
+    assert elapsed < 60, "teardown after a failure took %.0fs" % elapsed
+
+
+def test_custom_command_gets_cluster_and_interpreter(local_env):
+    inventory, runs_dir = local_env
+    tfcluster("launch", "--cmd", FAKE + " {{ flags }}", "-i", inventory, "--chief", "0",
+              runs_dir=runs_dir, check=0)
+    record = run_record(runs_dir)
+    assert set(record["tasks"]) == {"worker:0", "worker:1", "worker:2", "ps:0", "ps:1"}
+    with open(os.path.join(runs_dir, record["id"], "worker-2.log")) as handle:
+        log = handle.read()
+    # `python` is the host's tfcluster_python, first on PATH.
+    assert "python %s" % os.path.dirname(sys.executable) in log
+    assert "--job_name=worker --task_index=2" in log
+    assert record["results"]["worker:2"] == {"task": "worker:2", "accuracy": 0.5}
+
+
+def test_timeout_stops_everything(local_env):
+    inventory, runs_dir = local_env
+    proc = tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--ps", "1", "--workers", "1",
+                     "--chief", "0", "--timeout", "3", runs_dir=runs_dir,
+                     env={"FAKE_WORKER_0": "forever"})
+    assert proc.returncode == 124, proc.stderr
+    record = run_record(runs_dir)
+    assert record["state"] == "timed_out"
+    assert_run_clean(record)
+
+
+def launcher_process(inventory, runs_dir, *extra, env=None):
+    argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd", FAKE,
+            "-i", inventory, "--ps", "1", "--workers", "2", "--chief", "0"] + list(extra)
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, FAKE_WORKER_0="forever",
+                                                FAKE_WORKER_1="forever", **(env or {})))
+
+
+def wait_running(runs_dir):
+    def running():
+        try:
+            return run_record(runs_dir)["state"] == "running"
+        except (AssertionError, OSError, ValueError):
+            return False
+    wait_for(running, 90, "the run to be running")
+    return run_record(runs_dir)
+
+
+def test_sigint_stops_every_task(local_env):
+    inventory, runs_dir = local_env
+    launcher = launcher_process(inventory, runs_dir)
+    try:
+        record = wait_running(runs_dir)
+        pids = [t["pid"] for t in record["tasks"].values()]
+        assert all(pid_alive(p) for p in pids)
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=90)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, err
+    assert "SIGINT received" in out
+    record = run_record(runs_dir)
+    assert record["state"] == "interrupted"
+    assert_run_clean(record)
+
+
+def test_killed_launcher_lease_and_stop(local_env):
+    """A launcher killed with SIGKILL: its tasks stop by themselves once the lease runs out,
+    and `tfcluster stop` still closes the run."""
+    inventory, runs_dir = local_env
+    launcher = launcher_process(inventory, runs_dir, "--lease", "3")
+    try:
+        record = wait_running(runs_dir)
+        launcher.kill()
+        launcher.wait(timeout=30)
+        pids = [t["pid"] for t in record["tasks"].values()]
+        wait_for(lambda: not any(pid_alive(p) for p in pids), 60, "tasks to stop after the lease")
+    finally:
+        launcher.kill()
+    tfcluster("stop", record["id"], runs_dir=runs_dir, check=0)
+    record = run_record(runs_dir)
+    assert record["state"] == "stopped"
+    assert_run_clean(record)
+
+
+def test_detach_status_logs_stop(local_env):
+    inventory, runs_dir = local_env
+    proc = tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--ps", "1", "--workers", "2",
+                     "--chief", "0", "--detach", "--run-id", "bg", runs_dir=runs_dir,
+                     env={"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "forever"}, check=0)
+    assert "tfcluster stop bg" in proc.stdout
+    record = run_record(runs_dir, "bg")
+    assert record["state"] == "running"
+    assert all(pid_alive(t["pid"]) for t in record["tasks"].values())
+    status = tfcluster("status", runs_dir=runs_dir, check=0)
+    assert status.stdout.count("running") >= 3
+    logs = tfcluster("logs", "bg", "--task", "worker:1", runs_dir=runs_dir, check=0)
+    assert "fake worker:1 starting" in logs.stdout
+    assert "[" not in logs.stdout.splitlines()[0]
+    runs_list = tfcluster("runs", runs_dir=runs_dir, check=0)
+    assert "bg" in runs_list.stdout and "running" in runs_list.stdout
+    stop = tfcluster("stop", runs_dir=runs_dir, check=0)
+    assert "no task left running, ports free" in stop.stdout
+    record = run_record(runs_dir, "bg")
+    assert record["state"] == "stopped"
+    assert os.path.exists(os.path.join(runs_dir, "bg", "worker-1.log"))
+    assert_run_clean(record)
+    # Idempotent: stopping again finds nothing to do and says so.
+    again = tfcluster("stop", "bg", runs_dir=runs_dir, check=0)
+    assert "already ended" in again.stdout
+
+
+def test_busy_port_fails_preflight_and_starts_nothing(local_env):
+    import socket
+    inventory, runs_dir = local_env
+    from tfcluster.inventory import load_slots
+    from tfcluster.spec import build_cluster
+    cluster = build_cluster(load_slots(inventory), {"chief": 0, "worker": 1, "ps": 1,
+                                                   "evaluator": 0})
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    blocker.bind(("", cluster.tasks[-1].port))
+    blocker.listen()
+    try:
+        proc = tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--ps", "1", "--workers", "1",
+                         "--chief", "0", runs_dir=runs_dir)
+    finally:
+        blocker.close()
+    assert proc.returncode == 3
+    assert "already in use" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(runs_dir) or not os.listdir(runs_dir)
+
+
+def test_check_prints_a_table(local_env):
+    inventory, _ = local_env
+    proc = tfcluster("check", "-i", inventory, check=0)
+    assert "localhost" in proc.stdout and "2.21" in proc.stdout and "same" in proc.stdout

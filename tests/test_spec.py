@@ -1,0 +1,70 @@
+"""Cluster spec rendering and dist_test string parsing."""
+import json
+
+import pytest
+
+from conftest import tfcluster
+from tfcluster.errors import UsageError
+from tfcluster.inventory import Machine, Slot
+from tfcluster.spec import build_cluster, format_cluster_spec, parse_cluster_spec, render
+
+
+def cluster():
+    machine = Machine(address="h1", connection="local")
+    return build_cluster([Slot("w0", "worker", machine), Slot("w1", "worker", machine),
+                          Slot("p0", "ps", Machine(address="h2"))])
+
+
+def test_tf_config_and_flags_per_task():
+    c = cluster()
+    worker1 = c.find("worker:1")
+    assert c.tf_config(worker1) == {
+        "cluster": {"worker": ["h1:2222", "h1:2223"], "ps": ["h2:2222"]},
+        "task": {"type": "worker", "index": 1}}
+    assert c.flags(worker1) == ["--ps_hosts=h2:2222", "--worker_hosts=h1:2222,h1:2223",
+                                "--job_name=worker", "--task_index=1"]
+    assert c.cluster_spec_string() == "worker|h1:2222;h1:2223,ps|h2:2222"
+
+
+def test_render_formats():
+    c = cluster()
+    assert render(c, "cluster_spec") == "worker|h1:2222;h1:2223,ps|h2:2222"
+    data = json.loads(render(c, "json"))
+    assert [t["job"] for t in data["tasks"]] == ["worker", "worker", "ps"]
+    assert "--job_name=ps" in render(c, "flags").splitlines()[2]
+    assert '"task":{"type":"worker","index":0}' in render(c, "tf_config")
+
+
+def test_parse_round_trip():
+    text = "worker|localhost:2222;foo:2222,ps|bar:2222;qux:2222"
+    jobs = parse_cluster_spec(text)
+    assert jobs == {"worker": ["localhost:2222", "foo:2222"], "ps": ["bar:2222", "qux:2222"]}
+    assert format_cluster_spec(jobs) == text
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "empty cluster spec"),
+    ("worker", "exactly one '|'"),
+    ("worker|a:1|b:2", "exactly one '|'"),
+    ("|a:1", "empty name"),
+    ("worker|", "no tasks"),
+    ("Worker|a:1", r"must match \[a-z\]"),
+    ("1w|a:1", r"must match \[a-z\]"),
+    ("worker|a", "not host:port"),
+    ("worker|a:99999", "not host:port"),
+    ("worker|a:1,worker|b:2", "appears twice"),
+])
+def test_parse_rejects(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_cluster_spec(text)
+
+
+def test_cli_spec_json_and_errors(tmp_path):
+    proc = tfcluster("spec", "--cluster-spec", "worker|a:1;b:2,ps|c:3", "--format", "json", check=0)
+    assert json.loads(proc.stdout) == {"worker": ["a:1", "b:2"], "ps": ["c:3"]}
+    proc = tfcluster("spec", "--cluster-spec", "worker|", "--format", "json", check=2)
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "no tasks" in proc.stderr
+    proc = tfcluster("spec", "-i", "inventory/local.yml", "--example", "mnist_replica",
+                     "--format", "flags", check=0)
+    assert len(proc.stdout.strip().splitlines()) == 3
