@@ -119,8 +119,7 @@ def describe_connection_error(err, machine):
 def _ssh_connection(machine):
     import fabric
     import paramiko
-    connect_kwargs = {"timeout": machine.connect_timeout,
-                      "banner_timeout": machine.connect_timeout,
+    connect_kwargs = {"banner_timeout": machine.connect_timeout,
                       "auth_timeout": machine.connect_timeout}
     if machine.key_file:
         connect_kwargs["key_filename"] = os.path.expanduser(machine.key_file)

@@ -68,6 +68,7 @@ def preflight(hosts, cluster, expect_code=True):
                          if t.machine.key == session.machine.key and t.port)
         return session.agent("preflight", "--python", session.machine.python, "--ports", ports,
                              "--code-dir", session.machine.root.rstrip("/") + "/trainers",
+                             "--cache-dir", session.machine.workdir,
                              timeout=session.machine.connect_timeout + 150)
 
     machines = [m for m, _ in cluster.machines()]
@@ -630,7 +631,7 @@ def _fmt(value):
     if value is None:
         return "-"
     if isinstance(value, float):
-        return "%.4g" % value
+        return "%.0f" % value if abs(value) >= 1000 else "%.4g" % value
     return str(value)
 
 

@@ -110,21 +110,43 @@ def cmd_hash(args):
     print(code_hash(args.dir))
 
 
-def python_report(python):
-    """Version of TensorFlow importable by PYTHON, or the reason it is not."""
+def python_report(python, cache_dir=None):
+    """Version of TensorFlow importable by PYTHON, or the reason it is not.
+
+    A successful import is remembered in CACHE_DIR, keyed by the interpreter and the installed
+    TensorFlow package's path and modification time: a reinstall or upgrade invalidates it.
+    """
+    locate = ("import importlib.util, os; s = importlib.util.find_spec('tensorflow'); "
+              "print(repr((os.path.realpath(s.origin), os.path.getmtime(s.origin))) if s else '')")
+    try:
+        found = subprocess.run([python, "-c", locate], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        return {"python_ok": False, "error": "no interpreter at %s" % python}
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"python_ok": False, "error": "cannot run %s: %s" % (python, err)}
+    if found.returncode != 0 or not found.stdout.strip():
+        return {"python_ok": False, "error": "%s cannot import tensorflow: it is not installed"
+                % python}
+    key = hashlib.sha256((os.path.realpath(python) + found.stdout).encode()).hexdigest()[:16]
+    cache = os.path.join(cache_dir, ".preflight-%s.json" % key) if cache_dir else None
+    if cache and os.path.exists(cache):
+        with open(cache) as handle:
+            return dict(json.load(handle), cached=True)
     probe = "import tensorflow as tf, sys; print(tf.__version__); print(sys.version.split()[0])"
     try:
         out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120,
                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    except FileNotFoundError:
-        return {"python_ok": False, "error": "no interpreter at %s" % python}
     except subprocess.TimeoutExpired:
         return {"python_ok": False, "error": "importing tensorflow with %s took over 120 s" % python}
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1]
         return {"python_ok": False, "error": "%s cannot import tensorflow: %s" % (python, last)}
     lines = out.stdout.strip().splitlines()
-    return {"python_ok": True, "tf_version": lines[-2], "python_version": lines[-1]}
+    report = {"python_ok": True, "tf_version": lines[-2], "python_version": lines[-1]}
+    if cache:
+        os.makedirs(cache_dir, exist_ok=True)
+        write_atomic(cache, json.dumps(report))
+    return report
 
 
 def gpu_names():
@@ -138,7 +160,7 @@ def gpu_names():
 def cmd_preflight(args):
     report = {"hostname": socket.gethostname(), "cpus": os.cpu_count() or 1,
               "agent_python": sys.executable}
-    report.update(python_report(args.python))
+    report.update(python_report(args.python, args.cache_dir))
     ports = [int(p) for p in args.ports.split(",") if p]
     report["ports"] = {str(p): port_is_free(p) for p in ports}
     report["code_hash"] = code_hash(args.code_dir) if os.path.isdir(args.code_dir) else None
@@ -307,6 +329,7 @@ def build_parser():
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--ports", default="")
     p.add_argument("--code-dir", default=here)
+    p.add_argument("--cache-dir", default=None, help="remember successful TensorFlow imports here")
     p.set_defaults(func=cmd_preflight)
     p = sub.add_parser("start", help="start tasks described by a base64 JSON spec")
     p.add_argument("--dir", required=True)

@@ -79,6 +79,11 @@ def cluster_from_args(args, environ=None):
             jobs = {"ps": [h for h in args.ps_hosts.split(",") if h],
                     "worker": [h for h in args.worker_hosts.split(",") if h]}
         return ClusterInfo(jobs, args.job_name, args.task_index)
+    return cluster_from_tf_config(environ)
+
+
+def cluster_from_tf_config(environ=None):
+    environ = os.environ if environ is None else environ
     if environ.get("TF_CONFIG"):
         config = json.loads(environ["TF_CONFIG"])
         return ClusterInfo(config["cluster"], config["task"]["type"], int(config["task"]["index"]))

@@ -1,0 +1,37 @@
+"""A bare TensorFlow gRPC server, like dist_test's grpc_tensorflow_server.py: start and serve.
+
+For clusters whose servers are started apart from the training program (mnist_replica
+--existing_servers connects to them).
+"""
+from trainers import bootstrap
+
+
+def build_parser():
+    parser = bootstrap.make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--cluster_spec", default="",
+                        help="'worker|h:p;h:p,ps|h:p' (default: the cluster in TF_CONFIG)")
+    parser.add_argument("--job_name", default="", help="this server's job")
+    parser.add_argument("--task_id", type=int, default=0, help="this server's index in its job")
+    parser.add_argument("--gpu_memory_fraction", type=float, default=1.0,
+                        help="share of each GPU's memory this server may take")
+    return parser
+
+
+def run(argv):
+    args = build_parser().parse_args(argv)
+    if args.cluster_spec:
+        info = bootstrap.ClusterInfo(bootstrap.parse_dist_test_spec(args.cluster_spec),
+                                     args.job_name, args.task_id)
+    else:
+        info = bootstrap.cluster_from_tf_config()
+    import tensorflow as tf
+    config = bootstrap.session_config(info, device_filters=False)
+    config.gpu_options.per_process_gpu_memory_fraction = args.gpu_memory_fraction
+    server = tf.compat.v1.train.Server(info.cluster_spec(), job_name=info.job,
+                                       task_index=info.index, config=config, start=True)
+    bootstrap.serve_forever(server, info)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(bootstrap.main_guard(run))
