@@ -77,6 +77,9 @@ def build_parser():
     p.add_argument("--lease", type=seconds, default=60.0,
                    help="seconds tasks outlive a launcher that vanished without stopping them "
                         "(default 60; --detach runs have no lease)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set this in every task's environment (repeatable); the local "
+                        "environment is not sent to remote hosts")
     p.add_argument("--cwd", help="with --cmd: working directory on the hosts")
     p.epilog = "Arguments after a bare -- go to the trainer, e.g. -- --train_steps=1000"
 
@@ -144,6 +147,12 @@ def cmd_launch(args):
         raise UsageError("name an example (`tfcluster examples` lists them) or pass --cmd")
     if args.smoke and args.cmd:
         raise UsageError("--smoke is for built-in examples; your --cmd decides its own settings")
+    extra_env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not name.replace("_", "a").isalnum():
+            raise UsageError("--env %r is not NAME=VALUE" % item)
+        extra_env[name] = value
     # A count flag given as 'all' is None: every slot of that group.
     counts = {job: getattr(args, flag) for job, flag in COUNT_FLAGS if hasattr(args, flag)}
     options = launcher.LaunchOptions(
@@ -151,7 +160,8 @@ def cmd_launch(args):
         timeout=args.timeout, user_args=tuple(user_args), smoke=args.smoke, counts=counts,
         intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,
         start_timeout=args.start_timeout, finish_grace=args.finish_grace,
-        stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd)
+        stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
+        env=extra_env)
     return launcher.launch(args.inventory, options, load_slots)
 
 

@@ -43,6 +43,7 @@ class LaunchOptions:
     resume: str | None = None
     lease: float = 60.0
     cwd: str | None = None
+    env: dict = field(default_factory=dict)
 
 
 def out(message=""):
@@ -174,6 +175,7 @@ def task_specs(cluster, options, run_id, threads):
                "OMP_NUM_THREADS": str(intra), "PYTHONUNBUFFERED": "1",
                "TFCLUSTER_RUN_ID": run_id, "TFCLUSTER_TASK": task.label,
                "TFCLUSTER_RUN_DIR": run_dir}
+        env.update(options.env)
         if task.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = task.cuda_visible_devices
         if example.name == "custom":

@@ -1,0 +1,88 @@
+"""The launcher over SSH on the test hosts, with the checkout's own code (no deploy needed: the
+hosts share this machine's filesystem except /opt). Deploy + launch is in test_deploy.py."""
+import os
+import sys
+import time
+
+from conftest import REPO, assert_run_clean, run_record, tfcluster
+
+FAKE = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
+
+
+def ssh_inventory(testhosts, tmp_path, known_hosts=None, connect_timeout=5):
+    (ps_name, ps_addr), (w1, a1), (w2, a2) = testhosts.hosts[:3]
+    text = """all:
+  vars:
+    ansible_user: root
+    ansible_ssh_private_key_file: {key}
+    tfcluster_known_hosts: {known}
+    tfcluster_root: {repo}
+    tfcluster_python: {python}
+    tfcluster_workdir: {work}
+    tfcluster_connect_timeout: {timeout}
+    tfcluster_port_base: 24000
+  children:
+    ps:
+      hosts:
+        {ps_name}: {{ansible_host: {ps_addr}}}
+    worker:
+      hosts:
+        {w1}: {{ansible_host: {a1}}}
+        {w2}: {{ansible_host: {a2}}}
+""".format(key=testhosts.key, known=known_hosts or testhosts.known_hosts, repo=REPO,
+           python=sys.executable, work=tmp_path / "work", timeout=connect_timeout,
+           ps_name=ps_name, ps_addr=ps_addr, w1=w1, a1=a1, w2=w2, a2=a2)
+    path = tmp_path / "ssh.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_unreachable_host_fails_preflight_naming_it(testhosts, tmp_path):
+    inventory = ssh_inventory(testhosts, tmp_path, connect_timeout=3)
+    name, address = testhosts.hosts[1]
+    testhosts.link(2, "down")
+    try:
+        started = time.monotonic()
+        proc = tfcluster("launch", "--cmd", FAKE, "-i", inventory, runs_dir=str(tmp_path / "runs"))
+        elapsed = time.monotonic() - started
+    finally:
+        testhosts.link(2, "up")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert address in proc.stderr and "cannot connect within 3s" in proc.stderr
+    # Only the unreachable host is blamed, and nothing was started anywhere.
+    assert testhosts.hosts[0][1] + ":" not in proc.stderr
+    assert not os.path.exists(tmp_path / "runs")
+    assert elapsed < 60
+
+
+def test_unknown_host_key_is_refused(testhosts, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inventory = ssh_inventory(testhosts, tmp_path, known_hosts=str(empty))
+    proc = tfcluster("check", "-i", inventory)
+    assert proc.returncode == 3
+    assert "host key not trusted" in proc.stderr
+
+
+def test_detach_and_stop_over_ssh(testhosts, tmp_path):
+    inventory = ssh_inventory(testhosts, tmp_path)
+    runs_dir = str(tmp_path / "runs")
+    # The controller's environment stays here; --env carries what the remote tasks need.
+    tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--detach", "--run-id", "remote",
+              "--env", "FAKE_WORKER_0=forever", "--env", "FAKE_WORKER_1=forever",
+              runs_dir=runs_dir, check=0)
+    record = run_record(runs_dir, "remote")
+    hosts = {t["host"] for t in record["tasks"].values()}
+    assert hosts == {address for _, address in testhosts.hosts[:3]}
+    status = tfcluster("status", "remote", runs_dir=runs_dir, check=0)
+    assert status.stdout.count("running") >= 3
+    tfcluster("stop", "remote", runs_dir=runs_dir, check=0)
+    record = run_record(runs_dir, "remote")
+    assert record["state"] == "stopped"
+    for label in ("ps:0", "worker:0", "worker:1"):
+        assert os.path.getsize(os.path.join(runs_dir, "remote", label.replace(":", "-") + ".log"))
+    # The tasks ran inside the host namespaces, so check from there that they are gone.
+    for name, _ in testhosts.hosts[:3]:
+        left = testhosts.ssh(name, "pgrep -f [f]ake_task.py || true").stdout.strip()
+        assert not left, "%s still runs %s" % (name, left)
+    assert_run_clean(record)
