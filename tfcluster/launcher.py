@@ -303,7 +303,7 @@ class Launch:
         specs = task_specs(self.cluster, options, self.run_id,
                            thread_plan(self.cluster, reports, options))
         self._write_record(reports, specs)
-        outcome = None
+        outcome = crash = None
         try:
             self.started = True
             self._start([t for t in self.cluster.tasks if t.job == "ps"], specs)
@@ -319,11 +319,17 @@ class Launch:
             outcome = self._monitor()
         except TfclusterError as err:
             outcome = err
+        except BaseException as err:
+            # A bug of ours still tears the run down; its traceback surfaces afterwards.
+            outcome = RunFailed("tfcluster failed while the run was active: %r" % err)
+            crash = err
         finally:
             if outcome is not None or not options.detach:
-                finish(self.hosts, self.cluster, self.record, self.poller,
-                       outcome if isinstance(outcome, Exception) else None, options.stop_grace)
-        if isinstance(outcome, Exception):
+                finish(self.hosts, self.cluster, self.record, self.poller, outcome,
+                       options.stop_grace)
+        if crash is not None:
+            raise crash
+        if outcome is not None:
             raise outcome
         return 0
 

@@ -115,3 +115,195 @@ def load_images(name, data_dir, flat=True):
     if name == "digits":
         return load_digits(flat)
     raise SystemExit("unknown --dataset %r: choose mnist or digits" % name)
+
+
+# ---------------------------------------------------------------- CIFAR-10 (binary batches)
+
+CIFAR_TRAIN_FILES = ["data_batch_%d.bin" % i for i in range(1, 6)]
+CIFAR_TEST_FILE = "test_batch.bin"
+CIFAR_SIDE, CIFAR_CHANNELS = 32, 3
+CIFAR_RECORD = 1 + CIFAR_SIDE * CIFAR_SIDE * CIFAR_CHANNELS
+CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
+                 "dog", "frog", "horse", "ship", "truck"]
+
+
+def read_cifar_batch(path):
+    """One CIFAR-10 binary batch: (uint8 images N x 32 x 32 x 3, int64 labels N).
+
+    Each record is one label byte then 3072 pixel bytes, channel-major (1024 red, 1024 green,
+    1024 blue, each row by row).
+    """
+    with open(path, "rb") as handle:
+        raw = np.frombuffer(handle.read(), dtype=np.uint8)
+    if raw.size == 0 or raw.size % CIFAR_RECORD:
+        raise ValueError("%s is not a CIFAR-10 binary batch: %d bytes is not a multiple of %d"
+                         % (path, raw.size, CIFAR_RECORD))
+    records = raw.reshape(-1, CIFAR_RECORD)
+    labels = records[:, 0].astype(np.int64)
+    if labels.max() >= len(CIFAR_CLASSES):
+        raise ValueError("%s has label %d: CIFAR-10 labels are 0-9" % (path, labels.max()))
+    images = records[:, 1:].reshape(-1, CIFAR_CHANNELS, CIFAR_SIDE, CIFAR_SIDE)
+    return np.ascontiguousarray(images.transpose(0, 2, 3, 1)), labels
+
+
+def cifar10_dir(data_dir):
+    """DATA_DIR itself or the cifar-10-batches-bin folder the archive extracts to."""
+    for candidate in (data_dir, os.path.join(data_dir, "cifar-10-batches-bin")):
+        if os.path.exists(os.path.join(candidate, CIFAR_TEST_FILE)):
+            return candidate
+    return data_dir
+
+
+def load_cifar10(data_dir):
+    """CIFAR-10 from its binary batches. Images stay uint8 (N x 32 x 32 x 3): as float32 the
+    50,000 training images would take 600 MB in every task; trainers convert per batch."""
+    folder = cifar10_dir(data_dir)
+    names = CIFAR_TRAIN_FILES + [CIFAR_TEST_FILE]
+    missing = [n for n in names if not os.path.exists(os.path.join(folder, n))]
+    if missing:
+        raise DataMissing("CIFAR-10 files missing in %s (%s): run `tfcluster data fetch cifar10 "
+                          "--dest %s` or pass --dataset synthetic"
+                          % (data_dir, ", ".join(missing), data_dir))
+    parts = [read_cifar_batch(os.path.join(folder, n)) for n in CIFAR_TRAIN_FILES]
+    test_x, test_y = read_cifar_batch(os.path.join(folder, CIFAR_TEST_FILE))
+    return Dataset("cifar10", np.concatenate([p[0] for p in parts]),
+                   np.concatenate([p[1] for p in parts]), test_x, test_y, len(CIFAR_CLASSES))
+
+
+def synthetic_cifar10(train=2000, test=500, seed=0):
+    """Learnable stand-in of CIFAR-10's shapes: 32x32x3 uint8 images, 10 classes.
+
+    Each class has its own coarse colour pattern (4x4 blocks of 8x8 pixels); an image is its
+    class's pattern plus strong per-pixel noise, so a CNN must learn to see through the noise.
+    Deterministic for a given seed.
+    """
+    rng = np.random.default_rng(seed)
+    classes = len(CIFAR_CLASSES)
+    coarse = rng.uniform(-1.0, 1.0, size=(classes, 4, 4, CIFAR_CHANNELS))
+    patterns = np.kron(coarse, np.ones((1, 8, 8, 1)))
+
+    def make(count):
+        labels = rng.integers(0, classes, size=count)
+        pixels = 128.0 + 60.0 * patterns[labels] + rng.normal(0.0, 30.0, size=(count, 32, 32, 3))
+        return np.clip(pixels, 0, 255).astype(np.uint8), labels.astype(np.int64)
+
+    train_x, train_y = make(train)
+    test_x, test_y = make(test)
+    return Dataset("synthetic-cifar10", train_x, train_y, test_x, test_y, classes)
+
+
+def load_cifar(name, data_dir, train=None, test=None):
+    """CIFAR-shaped data by name: cifar10 (binary batches in DATA_DIR) or synthetic (offline)."""
+    if name == "cifar10":
+        return load_cifar10(data_dir)
+    if name == "synthetic":
+        return synthetic_cifar10(train or 2000, test or 500)
+    raise SystemExit("unknown --dataset %r: choose cifar10 or synthetic" % name)
+
+
+# ---------------------------------------------------------------- UCI Adult census (CSV)
+
+CENSUS_COLUMNS = ["age", "workclass", "fnlwgt", "education", "education_num", "marital_status",
+                  "occupation", "relationship", "race", "gender", "capital_gain", "capital_loss",
+                  "hours_per_week", "native_country", "income_bracket"]
+CENSUS_NUMERIC = ["age", "fnlwgt", "education_num", "capital_gain", "capital_loss",
+                  "hours_per_week"]
+CENSUS_CATEGORICAL = ["workclass", "education", "marital_status", "occupation", "relationship",
+                      "race", "gender", "native_country"]
+CENSUS_FILES = {"train": "adult.data", "test": "adult.test"}
+# One record per example: the 14 features, the label is separate. Categorical values are ASCII.
+CENSUS_DTYPE = np.dtype([(c, np.float32 if c in CENSUS_NUMERIC else "S32")
+                         for c in CENSUS_COLUMNS[:-1]])
+CENSUS_MISSING = "?"
+
+
+def read_census_csv(path, drop_missing=False):
+    """One Adult file as (structured array of CENSUS_DTYPE, int64 labels: 1 when income >50K).
+
+    Fields are separated by ", "; adult.test starts with a junk line and ends its labels with
+    '.'; lines without 15 fields (that junk line, blank lines) are skipped. A missing value '?'
+    stays a category of its own unless DROP_MISSING, which skips the row.
+    """
+    rows, labels = [], []
+    with open(path, encoding="latin-1") as handle:
+        for line in handle:
+            fields = [f.strip() for f in line.strip().split(",")]
+            if len(fields) != len(CENSUS_COLUMNS):
+                continue
+            if drop_missing and CENSUS_MISSING in fields:
+                continue
+            try:
+                row = tuple(float(v) if c in CENSUS_NUMERIC else v.encode("ascii", "replace")
+                            for c, v in zip(CENSUS_COLUMNS[:-1], fields[:-1]))
+            except ValueError:
+                continue
+            rows.append(row)
+            labels.append(1 if ">50K" in fields[-1] else 0)
+    if not rows:
+        raise ValueError("%s has no census rows (15 comma-separated fields per line)" % path)
+    return np.array(rows, dtype=CENSUS_DTYPE), np.array(labels, dtype=np.int64)
+
+
+def load_census(data_dir, drop_missing=False):
+    missing = [f for f in CENSUS_FILES.values() if not os.path.exists(os.path.join(data_dir, f))]
+    if missing:
+        raise DataMissing("census files missing in %s (%s): run `tfcluster data fetch census "
+                          "--dest %s` or pass --dataset synthetic"
+                          % (data_dir, ", ".join(missing), data_dir))
+    train_x, train_y = read_census_csv(os.path.join(data_dir, CENSUS_FILES["train"]), drop_missing)
+    test_x, test_y = read_census_csv(os.path.join(data_dir, CENSUS_FILES["test"]), drop_missing)
+    return Dataset("census", train_x, train_y, test_x, test_y, 2)
+
+
+CENSUS_VOCABULARY = {
+    "workclass": ["Private", "Self-emp-not-inc", "Self-emp-inc", "Federal-gov", "Local-gov",
+                  "State-gov", "Without-pay"],
+    "education": ["Preschool", "1st-4th", "5th-6th", "7th-8th", "9th", "10th", "11th", "12th",
+                  "HS-grad", "Some-college", "Assoc-voc", "Assoc-acdm", "Bachelors", "Masters",
+                  "Prof-school", "Doctorate"],
+    "marital_status": ["Married-civ-spouse", "Divorced", "Never-married", "Separated", "Widowed",
+                       "Married-spouse-absent"],
+    "occupation": ["Tech-support", "Craft-repair", "Other-service", "Sales", "Exec-managerial",
+                   "Prof-specialty", "Handlers-cleaners", "Machine-op-inspct", "Adm-clerical",
+                   "Farming-fishing", "Transport-moving", "Protective-serv"],
+    "relationship": ["Husband", "Wife", "Own-child", "Not-in-family", "Other-relative",
+                     "Unmarried"],
+    "race": ["White", "Black", "Asian-Pac-Islander", "Amer-Indian-Eskimo", "Other"],
+    "gender": ["Male", "Female"],
+    "native_country": ["United-States", "Mexico", "Philippines", "Germany", "Canada", "India"],
+}
+
+
+def synthetic_census(train=4000, test=1000, seed=0):
+    """Rows of the census schema whose label depends on a few features, deterministically.
+
+    Income >50K is likelier with more education, a married-civ-spouse status, long hours, a
+    capital gain and an executive or professional occupation (plus noise): a wide & deep model
+    learns it to well above the majority-class rate.
+    """
+    rng = np.random.default_rng(seed)
+    voc = CENSUS_VOCABULARY
+
+    def make(count):
+        x = np.zeros(count, dtype=CENSUS_DTYPE)
+        for column in CENSUS_CATEGORICAL:
+            x[column] = rng.choice(np.array(voc[column], dtype="S32"), size=count)
+        x["education_num"] = [voc["education"].index(e.decode()) + 1 for e in x["education"]]
+        x["age"] = rng.integers(17, 80, size=count)
+        x["fnlwgt"] = rng.integers(20000, 600000, size=count)
+        x["hours_per_week"] = np.clip(rng.normal(40, 12, size=count).round(), 1, 99)
+        gains = rng.random(count) < 0.15
+        x["capital_gain"] = np.where(gains, rng.integers(1000, 20000, size=count), 0)
+        x["capital_loss"] = np.where(~gains & (rng.random(count) < 0.05),
+                                     rng.integers(500, 3000, size=count), 0)
+        married = x["marital_status"] == b"Married-civ-spouse"
+        senior_job = np.isin(x["occupation"], [b"Exec-managerial", b"Prof-specialty"])
+        score = (0.9 * (x["education_num"] - 11.0) / 3.0 + 1.6 * married + 1.2 * senior_job
+                 + 0.05 * (x["hours_per_week"] - 40.0) + 1.5 * (x["capital_gain"] > 5000)
+                 + 0.6 * ((x["age"] > 30) & (x["age"] < 60)) - 1.4)
+        labels = (score + rng.normal(0.0, 0.5, size=count) > 0).astype(np.int64)
+        return x, labels
+
+    train_x, train_y = make(train)
+    test_x, test_y = make(test)
+    return Dataset("synthetic-census", train_x, train_y, test_x, test_y, 2)
