@@ -121,3 +121,15 @@ def test_shipped_local_inventory_covers_every_example():
     for example in load_catalog().values():
         counts = {job: example.topology.get(job, 0) for job in ("chief", "worker", "ps", "evaluator")}
         build_cluster(slots, counts)
+
+
+def test_multi_device_examples_keep_one_task_per_gpu_host(tmp_path):
+    inventory = write(tmp_path, "hosts.yml", """
+worker:
+  hosts:
+    w: {ansible_host: h2, tfcluster_gpus: [0, 1]}
+""")
+    cluster = build_cluster(load_slots(inventory), {"worker": 1}, task_per_gpu=False)
+    assert [t.cuda_visible_devices for t in cluster.tasks] == ["0,1"]
+    from tfcluster.catalog import load_catalog
+    assert load_catalog()["mnist_towers"].task_per_gpu is False

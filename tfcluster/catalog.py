@@ -28,6 +28,8 @@ class Example:
     smoke: str = ""
     seed: str = ""
     real: str = ""
+    # False: one task per worker slot with all its GPUs, for programs that use several devices.
+    task_per_gpu: bool = True
 
 
 def load_catalog(path=None):

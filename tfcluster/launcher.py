@@ -657,7 +657,7 @@ def launch(inventory_path, options, load_slots):
         if wanted and job not in have:
             raise UsageError("inventory %s has no [%s] group but %s needs %s %s task(s): add one"
                              % (inventory_path, job, example.name, wanted, job))
-    cluster = build_cluster(slots, counts)
+    cluster = build_cluster(slots, counts, example.task_per_gpu)
     if not cluster.job_tasks("worker") and not cluster.job_tasks("chief"):
         raise UsageError("inventory %s has no [worker] or [chief] hosts: nothing would train"
                          % inventory_path)

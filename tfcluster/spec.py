@@ -77,11 +77,14 @@ class Cluster:
                          % (label, ", ".join(t.label for t in self.tasks)))
 
 
-def build_cluster(slots, counts=None):
-    """Tasks for SLOTS: GPU expansion, COUNTS (job -> number or None for all), ports, validation."""
+def build_cluster(slots, counts=None, task_per_gpu=True):
+    """Tasks for SLOTS: GPU expansion, COUNTS (job -> number or None for all), ports, validation.
+
+    TASK_PER_GPU false keeps one task per worker slot that sees all of its GPUs (for programs
+    that spread over local devices themselves, like the multi-tower examples)."""
     tasks_by_job = {}
     for slot in slots:
-        tasks_by_job.setdefault(slot.job, []).extend(_expand(slot))
+        tasks_by_job.setdefault(slot.job, []).extend(_expand(slot, task_per_gpu))
     chosen = []
     for job in JOBS:
         available = tasks_by_job.get(job, [])
@@ -95,13 +98,13 @@ def build_cluster(slots, counts=None):
     return Cluster(tasks)
 
 
-def _expand(slot):
+def _expand(slot, task_per_gpu=True):
     """One task per GPU on workers that list tfcluster_gpus; ps never sees a GPU."""
     if slot.job == "ps":
         return [(slot, "")]
     if slot.gpus is None:
         return [(slot, None)]
-    if slot.job == "worker" and slot.gpus:
+    if slot.job == "worker" and slot.gpus and task_per_gpu:
         return [(slot, str(gpu)) for gpu in slot.gpus]
     return [(slot, ",".join(str(g) for g in slot.gpus))]
 

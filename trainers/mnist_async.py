@@ -1,0 +1,187 @@
+"""Asynchronous data parallelism with shared parameters: a sigmoid network on MNIST (seed 001).
+
+One hidden sigmoid layer and softmax, plain gradient descent. The parameters live on the ps task
+(replica_device_setter); every worker trains on its own shard and applies its gradients to them
+as soon as they are computed, without waiting for the others. Training runs for --epochs passes
+over the whole training set, counted in global steps (--train_steps overrides), so a run launched
+again with the same --checkpoint_dir continues from the saved global step up to the new target.
+
+Defaults (the seed's example only fixes the network, the data, 20 epochs and 1 ps + 3 workers):
+100 hidden units, batch 100, learning rate 0.5 (gradient descent; the seed's 0.0005 barely moves
+a sigmoid network in 20 epochs). At the end every worker prints `Test-Accuracy`, `Total Time` and
+`Final Cost` (cross entropy on the test set) and its result line. The chief waits (up to
+--finish_wait_secs) for the other workers to finish so its final checkpoint holds the final state.
+"""
+import math
+
+from trainers import bootstrap, data
+
+
+def build_parser():
+    parser = bootstrap.make_parser(__doc__.splitlines()[0])
+    bootstrap.add_cluster_flags(parser)
+    parser.add_argument("--data_dir", default="/tmp/mnist-data", help="MNIST IDX .gz files")
+    parser.add_argument("--dataset", default="mnist", choices=["mnist", "digits"],
+                        help="digits: scikit-learn's bundled 8x8 digits, for offline runs")
+    parser.add_argument("--epochs", type=int, default=20,
+                        help="passes over the whole training set, shared by all workers")
+    parser.add_argument("--train_steps", type=int, default=0,
+                        help="target global step; overrides --epochs when > 0")
+    parser.add_argument("--batch_size", type=int, default=100)
+    parser.add_argument("--learning_rate", type=float, default=0.5,
+                        help="gradient descent step size")
+    parser.add_argument("--hidden_units", type=int, default=100)
+    parser.add_argument("--log_every", type=int, default=100, help="log every N local steps")
+    parser.add_argument("--finish_wait_secs", type=float, default=120.0,
+                        help="how long the chief waits for the other workers before its final save")
+    bootstrap.add_checkpoint_flags(parser)
+    return parser
+
+
+def steps_per_epoch(dataset, batch_size):
+    """Global steps that make one pass over the whole training set."""
+    return max(1, math.ceil(len(dataset.train_x) / batch_size))
+
+
+def target_step(dataset, args):
+    if args.train_steps > 0:
+        return args.train_steps
+    return args.epochs * steps_per_epoch(dataset, args.batch_size)
+
+
+def build_model(dataset, args, info):
+    """Variables on the ps tasks, computation on this worker. Returns a dict of tensors/ops."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    inputs = int(dataset.train_x.shape[1])
+    setter = v1.train.replica_device_setter(worker_device=info.device,
+                                            ps_device="/job:ps/cpu:0",
+                                            cluster=info.cluster_spec())
+    with v1.device(setter):
+        global_step = v1.train.get_or_create_global_step()
+        x = v1.placeholder(tf.float32, [None, inputs], name="x")
+        y = v1.placeholder(tf.int64, [None], name="y")
+        with v1.variable_scope("hidden"):
+            w1 = v1.Variable(v1.random_normal([inputs, args.hidden_units],
+                                              stddev=1.0 / math.sqrt(inputs)), name="weights")
+            b1 = v1.Variable(v1.zeros([args.hidden_units]), name="biases")
+        with v1.variable_scope("softmax"):
+            w2 = v1.Variable(v1.random_normal([args.hidden_units, dataset.num_classes],
+                                              stddev=1.0 / math.sqrt(args.hidden_units)),
+                             name="weights")
+            b2 = v1.Variable(v1.zeros([dataset.num_classes]), name="biases")
+        hidden = tf.sigmoid(tf.matmul(x, w1) + b1)
+        logits = tf.matmul(hidden, w2) + b2
+        cost = tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
+        train_op = v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
+            cost, global_step=global_step)
+        with v1.control_dependencies([train_op]):
+            step_after = global_step.read_value()  # includes this update (and maybe others')
+    # The end-of-run rendezvous: each other worker leaves one item; the chief collects them.
+    with v1.device("/job:ps/task:0/cpu:0"):
+        done_queue = v1.FIFOQueue(max(1, info.num_workers), [tf.int32], shapes=[[]],
+                                  shared_name="mnist_async_done", name="done_queue")
+        done = done_queue.enqueue(tf.constant(info.index, tf.int32))
+        others = max(0, info.num_workers - 1)
+        wait_done = done_queue.dequeue_many(others) if others else tf.no_op()
+    return {"global_step": global_step, "x": x, "y": y, "cost": cost, "accuracy": accuracy,
+            "train_op": train_op, "step_after": step_after, "done": done, "wait_done": wait_done}
+
+
+def evaluate(sess, model, dataset):
+    feed = {model["x"]: dataset.test_x, model["y"]: dataset.test_y}
+    cost, acc = sess.run([model["cost"], model["accuracy"]], feed_dict=feed)
+    return float(cost), float(acc)
+
+
+def wait_for_others(sess, model, seconds):
+    """The chief's wait for the other workers' `done`; False when they did not all come."""
+    import tensorflow as tf
+    options = tf.compat.v1.RunOptions(timeout_in_ms=int(seconds * 1000))
+    try:
+        sess.run(model["wait_done"], options=options)
+        return True
+    except tf.errors.DeadlineExceededError:
+        bootstrap.log("WARNING: the other workers did not finish within %gs; saving anyway"
+                      % seconds)
+        return False
+
+
+def train(info, server, dataset, args):
+    """One worker's loop; returns the results dict for the result line."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    model = build_model(dataset, args, info)
+    saver = v1.train.Saver(max_to_keep=2)
+    manager = bootstrap.session_manager()
+    config = bootstrap.session_config(info)
+    sess = bootstrap.prepare_session(info, server, manager, v1.global_variables_initializer(),
+                                     saver, args.checkpoint_dir, config)
+    target = target_step(dataset, args)
+    per_epoch = steps_per_epoch(dataset, args.batch_size)
+    start_step = int(sess.run(model["global_step"]))
+    initial_cost, initial_acc = evaluate(sess, model, dataset)
+    bootstrap.log("Worker %d: starting at global step %d of %d (initial cost %.4f)"
+                  % (info.index, start_step, target, initial_cost))
+
+    shard = dataset.shard(info.index, info.num_workers)
+    batches = data.batches(shard.train_x, shard.train_y, args.batch_size, seed=info.index)
+    timer = bootstrap.Timer()
+    local_step, step, batch_cost = 0, start_step, float("nan")
+    while step < target:
+        batch_x, batch_y = next(batches)
+        feed = {model["x"]: batch_x, model["y"]: batch_y}
+        batch_cost, step = sess.run([model["cost"], model["step_after"]], feed_dict=feed)
+        step = int(step)
+        local_step += 1
+        if local_step % args.log_every == 0:
+            bootstrap.log("Step: %d, Epoch: %2d, Batch: %3d of %3d, Cost: %.4f, AvgTime: %3.2fms"
+                          % (step, step // per_epoch + 1, step % per_epoch, per_epoch,
+                             batch_cost, 1000.0 * timer.seconds / local_step))
+        if info.is_chief and args.save_every_steps and local_step % args.save_every_steps == 0:
+            bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step)
+    elapsed = timer.seconds
+
+    results = {"task": info.label, "dataset": dataset.name, "start_step": start_step,
+               "target_step": target, "local_steps": local_step, "batch_size": args.batch_size,
+               "learning_rate": args.learning_rate}
+    if info.is_chief:
+        results["others_finished"] = wait_for_others(sess, model, args.finish_wait_secs)
+        step = int(sess.run(model["global_step"]))
+        if bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step):
+            results["checkpoint_step"] = step
+    final_cost, accuracy = evaluate(sess, model, dataset)
+    step = int(sess.run(model["global_step"]))
+    if not info.is_chief:
+        sess.run(model["done"])
+    bootstrap.log("Test-Accuracy: %2.4f" % accuracy)
+    bootstrap.log("Total Time: %3.2fs" % elapsed)
+    bootstrap.log("Final Cost: %.4f" % final_cost)
+    results.update(global_step=step, accuracy=accuracy, initial_accuracy=initial_acc,
+                   final_cost=final_cost, initial_cost=initial_cost,
+                   train_time_s=round(elapsed, 3),
+                   examples_per_s=round(local_step * args.batch_size / max(elapsed, 1e-9), 1))
+    sess.close()
+    return results
+
+
+def run(argv):
+    args = build_parser().parse_args(argv)
+    info = bootstrap.cluster_from_args(args)
+    if info.job not in ("ps", "worker"):
+        raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
+    dataset = data.load_images(args.dataset, args.data_dir) if info.job == "worker" else None
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = bootstrap.start_server(info)
+    if info.job == "ps":
+        bootstrap.serve_forever(server, info)
+        return 0
+    bootstrap.report(train(info, server, dataset, args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(bootstrap.main_guard(run))

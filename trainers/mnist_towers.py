@@ -1,0 +1,299 @@
+"""Synchronous data parallelism over the devices of one host: CNN towers on MNIST (seed 003).
+
+The seed's CNN: conv 5x5 with 16 then 32 filters, each followed by 2x2 max-pooling, fully
+connected layers of 256 and 128 units with dropout 0.5, softmax; Adam 1e-3, batch 512, 30 epochs.
+Each step splits the mini-batch across --num_devices towers (GPUs when the host has enough of
+them, else logical CPU devices made with tf.config.set_logical_device_configuration). The
+variables live on the CPU; every tower computes the gradients of its part, the CPU averages them
+and applies them once. --num_devices 1 is the single-device baseline the seed compares with.
+Prints `Validation Accuracy = X` after every epoch and `Cost time: Y sec.` (training time only).
+
+It is a single-task job: with a cluster (TF_CONFIG or flags) it starts its server and runs its
+session there; without one it runs in-process. The chief checkpoints; a new run with the same
+--checkpoint_dir resumes from the saved global step.
+"""
+import math
+
+from trainers import bootstrap, data
+
+KERNEL = 5
+CONV_DEPTHS = (16, 32)
+FC_UNITS = (256, 128)
+
+
+def build_parser():
+    parser = bootstrap.make_parser(__doc__.splitlines()[0])
+    bootstrap.add_cluster_flags(parser)
+    parser.add_argument("--data_dir", default="/tmp/mnist-data", help="MNIST IDX .gz files")
+    parser.add_argument("--dataset", default="mnist", choices=["mnist", "digits"],
+                        help="digits: scikit-learn's bundled 8x8 digits, for offline runs")
+    parser.add_argument("--num_devices", type=int, default=2,
+                        help="towers: GPUs when there are enough, else logical CPU devices")
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch_size", type=int, default=512, help="split across the towers")
+    parser.add_argument("--learning_rate", type=float, default=1e-3, help="Adam")
+    parser.add_argument("--keep_prob", type=float, default=0.5, help="dropout keep probability")
+    parser.add_argument("--validation_size", type=int, default=5000,
+                        help="training examples held out for validation (at most a fifth)")
+    parser.add_argument("--padding", choices=["auto", "valid", "same"], default="auto",
+                        help="auto: VALID as the seed for 28x28 images, SAME for 8x8 digits")
+    bootstrap.add_checkpoint_flags(parser)
+    return parser
+
+
+# ---------------------------------------------------------------- devices
+
+def make_devices(count):
+    """(device type, [device names]) for COUNT towers; call before anything touches TensorFlow's
+    devices, since logical devices can only be configured then."""
+    import tensorflow as tf
+    if count < 1:
+        raise SystemExit("--num_devices must be at least 1")
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) >= count:
+        return "GPU", ["/device:GPU:%d" % i for i in range(count)]
+    cpus = tf.config.list_physical_devices("CPU")
+    if count > 1:
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    return "CPU", ["/device:CPU:%d" % i for i in range(count)]
+
+
+def device_config(config):
+    """The session config with as many CPU devices as were made logical (sessions take their
+    device count from their own ConfigProto, not from tf.config)."""
+    import tensorflow as tf
+    config.device_count["CPU"] = len(tf.config.list_logical_devices("CPU"))
+    return config
+
+
+# ---------------------------------------------------------------- the model
+
+def build_params(input_shape, num_classes, padding):
+    """The CNN's variables, created once on the CPU and shared by every tower."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    height, width, channels = input_shape
+    params, depth = {}, channels
+    for i, out in enumerate(CONV_DEPTHS, 1):
+        params["conv%d/weights" % i] = v1.Variable(
+            v1.random_normal([KERNEL, KERNEL, depth, out], stddev=0.1), name="conv%d/weights" % i)
+        params["conv%d/biases" % i] = v1.Variable(v1.zeros([out]), name="conv%d/biases" % i)
+        depth = out
+        if padding == "valid":
+            height, width = height - KERNEL + 1, width - KERNEL + 1
+        height, width = height // 2, width // 2
+    size = height * width * depth
+    if size < 1:
+        raise SystemExit("images of shape %s are too small for VALID padding: use --padding same"
+                         % (input_shape,))
+    for i, units in enumerate(list(FC_UNITS) + [num_classes], 1):
+        name = "fc%d" % i if i <= len(FC_UNITS) else "logits"
+        params[name + "/weights"] = v1.Variable(
+            v1.random_uniform([size, units], -0.1, 0.1), name=name + "/weights")
+        params[name + "/biases"] = v1.Variable(v1.zeros([units]), name=name + "/biases")
+        size = units
+    return params
+
+
+def tower_logits(params, images, keep_prob, padding):
+    import tensorflow as tf
+    net = images
+    for i in range(1, len(CONV_DEPTHS) + 1):
+        net = tf.nn.conv2d(net, params["conv%d/weights" % i], strides=[1, 1, 1, 1],
+                           padding=padding.upper()) + params["conv%d/biases" % i]
+        net = tf.nn.max_pool2d(tf.nn.relu(net), ksize=2, strides=2, padding="VALID")
+    net = tf.reshape(net, [-1, int(params["fc1/weights"].shape[0])])
+    for i in range(1, len(FC_UNITS) + 1):
+        net = tf.nn.relu(tf.matmul(net, params["fc%d/weights" % i]) + params["fc%d/biases" % i])
+        net = tf.nn.dropout(net, rate=1.0 - keep_prob)
+    return tf.matmul(net, params["logits/weights"]) + params["logits/biases"]
+
+
+def average_gradients(tower_grads):
+    """[[grad per variable] per tower] -> [mean grad per variable]: the towers' sync point."""
+    import tensorflow as tf
+    return [tf.add_n(list(grads)) / float(len(grads)) for grads in zip(*tower_grads)]
+
+
+def build_model(dataset, args, task_device, devices, padding):
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    cpu = task_device + "/device:CPU:0"
+    model = {"towers": [], "devices": [task_device + d for d in devices]}
+    with v1.device(cpu):
+        global_step = v1.train.get_or_create_global_step()
+        params = build_params(dataset.input_shape, dataset.num_classes, padding)
+        names = sorted(params)
+        keep_prob = v1.placeholder_with_default(1.0, [], name="keep_prob")
+        optimizer = v1.train.AdamOptimizer(args.learning_rate)
+    tower_grads, losses = [], []
+    for i, device in enumerate(model["devices"]):
+        with v1.device(device), v1.name_scope("tower%d" % i):
+            x = v1.placeholder(tf.float32, (None,) + tuple(dataset.input_shape), name="x")
+            y = v1.placeholder(tf.int64, [None], name="y")
+            logits = tower_logits(params, x, keep_prob, padding)
+            loss = tf.reduce_mean(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+            tower_grads.append(tf.gradients(loss, [params[n] for n in names]))
+            losses.append(loss)
+            model["towers"].append({"x": x, "y": y, "logits": logits})
+    with v1.device(cpu):
+        grads = average_gradients(tower_grads)
+        model["train_op"] = optimizer.apply_gradients(
+            list(zip(grads, [params[n] for n in names])), global_step=global_step)
+        model["loss"] = tf.add_n(losses) / float(len(losses))
+        first = model["towers"][0]
+        model["accuracy"] = tf.reduce_mean(
+            tf.cast(tf.equal(tf.argmax(first["logits"], 1), first["y"]), tf.float32))
+        model["xent"] = losses[0]
+    model.update(global_step=global_step, keep_prob=keep_prob)
+    return model
+
+
+def split_feed(model, batch_x, batch_y, keep_prob=None):
+    """One part of the mini-batch per tower (the seed splits 512 into halves)."""
+    import numpy as np
+    feed = {}
+    parts = np.array_split(np.arange(len(batch_x)), len(model["towers"]))
+    for tower, part in zip(model["towers"], parts):
+        feed[tower["x"]], feed[tower["y"]] = batch_x[part], batch_y[part]
+    if keep_prob is not None:
+        feed[model["keep_prob"]] = keep_prob
+    return feed
+
+
+def evaluate(sess, model, x, y, batch_size):
+    """Accuracy and cross entropy on (x, y), through the first tower, without dropout."""
+    tower = model["towers"][0]
+    total_acc = total_xent = 0.0
+    for start in range(0, len(x), batch_size):
+        bx, by = x[start:start + batch_size], y[start:start + batch_size]
+        acc, xent = sess.run([model["accuracy"], model["xent"]],
+                             feed_dict={tower["x"]: bx, tower["y"]: by})
+        total_acc += acc * len(bx)
+        total_xent += xent * len(bx)
+    return total_acc / max(len(x), 1), total_xent / max(len(x), 1)
+
+
+def traced_step(sess, model, feed):
+    """Run one training step traced; returns {tower: [devices that ran its computation]}."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    metadata = v1.RunMetadata()
+    sess.run(model["train_op"], feed_dict=feed, run_metadata=metadata,
+             options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE))
+    observed = {}
+    for dev in metadata.step_stats.dev_stats:
+        spec = tf.DeviceSpec.from_string(dev.device)
+        if not spec.device_type:
+            continue
+        for node in dev.node_stats:
+            tower = node.node_name.split("/")[0]
+            # A tower reads the variables where they live (the CPU); count its computation only.
+            if tower.startswith("tower") and "ReadVariableOp" not in node.node_name:
+                name = "%s:%d" % (spec.device_type, spec.device_index or 0)
+                observed.setdefault(tower, set()).add(name)
+    return {tower: sorted(devices) for tower, devices in sorted(observed.items())}
+
+
+def split_validation(dataset, size):
+    """(train, validation) arrays: the last SIZE training examples held out (at most a fifth)."""
+    size = max(1, min(size, len(dataset.train_x) // 5))
+    return (dataset.train_x[:-size], dataset.train_y[:-size],
+            dataset.train_x[-size:], dataset.train_y[-size:])
+
+
+# ---------------------------------------------------------------- training
+
+def train(info, target, dataset, args, device_type, devices):
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    padding = args.padding
+    if padding == "auto":
+        padding = "valid" if min(dataset.input_shape[:2]) >= 28 else "same"
+    task_device = info.device if info is not None else "/job:localhost/replica:0/task:0"
+    model = build_model(dataset, args, task_device, devices, padding)
+    saver = v1.train.Saver(max_to_keep=2)
+    if info is not None:
+        config = device_config(bootstrap.session_config(info))
+    else:
+        config = device_config(v1.ConfigProto(allow_soft_placement=True))
+    manager = bootstrap.session_manager()
+    sess = manager.prepare_session(target, init_op=v1.global_variables_initializer(),
+                                   saver=saver, checkpoint_dir=args.checkpoint_dir or None,
+                                   config=config)
+    train_x, train_y, valid_x, valid_y = split_validation(dataset, args.validation_size)
+    per_epoch = max(1, len(train_x) // args.batch_size)
+    target_step = args.epochs * per_epoch
+    start_step = int(sess.run(model["global_step"]))
+    initial_acc, initial_xent = evaluate(sess, model, valid_x, valid_y, args.batch_size)
+    bootstrap.log("Training on %d %s tower(s): %s; %d steps per epoch of batch %d, from step %d"
+                  % (len(devices), device_type, ", ".join(model["devices"]), per_epoch,
+                     args.batch_size, start_step))
+    batches = data.batches(train_x, train_y, args.batch_size, seed=start_step)
+    cost_time, step, history, observed = 0.0, start_step, [], None
+    while step < target_step:
+        timer = bootstrap.Timer()
+        epoch_end = min(target_step, (step // per_epoch + 1) * per_epoch)
+        while step < epoch_end:
+            batch_x, batch_y = next(batches)
+            feed = split_feed(model, batch_x, batch_y, args.keep_prob)
+            if observed is None:
+                # The first step runs traced: which devices ran each tower's ops.
+                observed = traced_step(sess, model, feed)
+            else:
+                sess.run(model["train_op"], feed_dict=feed)
+            step += 1  # a single task: nobody else moves the global step
+        cost_time += timer.seconds
+        accuracy, _ = evaluate(sess, model, valid_x, valid_y, args.batch_size)
+        history.append(round(float(accuracy), 4))
+        bootstrap.log("EPOCH %d ..." % (step // per_epoch))
+        bootstrap.log("Validation Accuracy = %.3f" % accuracy)
+    bootstrap.log("Cost time: %s sec." % cost_time)
+    results = {"task": info.label if info else "local", "dataset": dataset.name,
+               "towers": len(devices), "device_type": device_type, "devices": model["devices"],
+               "padding": padding, "batch_size": args.batch_size, "start_step": start_step,
+               "global_step": step, "validation_accuracy": history,
+               "tower_devices_observed": observed}
+    if (info is None or info.is_chief) and bootstrap.save_checkpoint(
+            sess, saver, args.checkpoint_dir, step):
+        results["checkpoint_step"] = step
+    final_acc, final_xent = evaluate(sess, model, valid_x, valid_y, args.batch_size)
+    test_acc, _ = evaluate(sess, model, dataset.test_x, dataset.test_y, args.batch_size)
+    steps = step - start_step
+    results.update(accuracy=float(final_acc), initial_accuracy=float(initial_acc),
+                   test_accuracy=float(test_acc), final_xent=float(final_xent),
+                   initial_xent=float(initial_xent), cost_time_s=round(cost_time, 3),
+                   train_time_s=round(cost_time, 3),
+                   examples_per_s=round(steps * args.batch_size / max(cost_time, 1e-9), 1))
+    sess.close()
+    return results
+
+
+def has_cluster(args):
+    import os
+    return bool(args.job_name or os.environ.get("TF_CONFIG"))
+
+
+def run(argv):
+    args = build_parser().parse_args(argv)
+    info = bootstrap.cluster_from_args(args) if has_cluster(args) else None
+    if info is not None and (info.job != "worker" or info.num_ps or info.num_workers != 1):
+        raise SystemExit("mnist_towers is a single-task job (one worker, no ps); got %s as %s"
+                         % (info.jobs, info.label))
+    dataset = data.load_images(args.dataset, args.data_dir, flat=False)
+    import tensorflow as tf
+    device_type, devices = make_devices(args.num_devices)  # before anything touches devices
+    tf.compat.v1.disable_eager_execution()
+    if info is not None:
+        server = bootstrap.start_server(info, device_config(bootstrap.session_config(info)))
+        target = server.target
+    else:
+        target = ""
+    bootstrap.report(train(info, target, dataset, args, device_type, devices))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(bootstrap.main_guard(run))
