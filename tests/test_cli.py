@@ -15,6 +15,7 @@ from conftest import REPO, tfcluster
     (["launch", "mnist_replica", "--timeout", "-3"], "must be more than 0"),
     (["launch", "mnist_replica", "--ps", "5"], "2 ps task(s) but 5 are needed"),
     (["status", "no-such-run"], "no run no-such-run"),
+    (["launch", "mnist_replica", "--resume", "nope"], "no run nope"),
     (["stop"], "no running run"),
     (["data", "fetch", "imagenet", "--dest", "/tmp/x"], "unknown dataset 'imagenet'"),
     (["bogus"], "invalid choice"),

@@ -38,13 +38,23 @@ def check_mnist_run(runs_dir, sync):
     return record
 
 
-def test_mnist_replica_async(local_env):
+def test_mnist_replica_async_then_resume(local_env):
     inventory, runs_dir = local_env
-    proc = tfcluster("launch", "mnist_replica", "-i", inventory, "--smoke", runs_dir=runs_dir,
-                     check=0)
+    proc = tfcluster("launch", "mnist_replica", "-i", inventory, "--smoke", "--run-id", "first",
+                     runs_dir=runs_dir, check=0)
     assert "[worker:1 localhost] " in proc.stdout
-    assert "run %s succeeded" % run_record(runs_dir)["id"] in proc.stdout
-    check_mnist_run(runs_dir, sync=False)
+    assert "run first succeeded" in proc.stdout
+    first = check_mnist_run(runs_dir, sync=False)
+    saved = first["results"]["worker:0"]["global_step"]
+    # --resume restores the chief from the first run's checkpoint and trains on to 100 steps.
+    tfcluster("launch", "mnist_replica", "-i", inventory, "--smoke", "--run-id", "second",
+              "--resume", "first", "--", "--train_steps=100", runs_dir=runs_dir, check=0)
+    second = run_record(runs_dir, "second")
+    chief = second["results"]["worker:0"]
+    assert chief["start_step"] == saved > 0
+    assert chief["global_step"] >= 100
+    assert chief["initial_xent"] < 1.0, "a resumed model starts trained"
+    assert_run_clean(second)
 
 
 def test_mnist_replica_sync(local_env):

@@ -147,6 +147,9 @@ def cmd_launch(args):
         raise UsageError("name an example (`tfcluster examples` lists them) or pass --cmd")
     if args.smoke and args.cmd:
         raise UsageError("--smoke is for built-in examples; your --cmd decides its own settings")
+    if args.resume:
+        from tfcluster import runs
+        runs.load(args.runs_dir, args.resume)  # a one-line error when there is no such run
     extra_env = {}
     for item in args.env:
         name, sep, value = item.partition("=")
