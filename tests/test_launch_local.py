@@ -5,7 +5,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from conftest import (REPO, assert_run_clean, pid_alive, run_record, tfcluster, wait_for)
 
@@ -45,13 +44,15 @@ def test_mnist_replica_async_then_resume(local_env):
     assert "[worker:1 localhost] " in proc.stdout
     assert "run first succeeded" in proc.stdout
     first = check_mnist_run(runs_dir, sync=False)
-    saved = first["results"]["worker:0"]["global_step"]
+    # The chief saves when it sees the target step; a straggler's last update may land in it too.
+    saved = (first["results"]["worker:0"]["global_step"],
+             max(r["global_step"] for r in first["results"].values()))
     # --resume restores the chief from the first run's checkpoint and trains on to 100 steps.
     tfcluster("launch", "mnist_replica", "-i", inventory, "--smoke", "--run-id", "second",
               "--resume", "first", "--", "--train_steps=100", runs_dir=runs_dir, check=0)
     second = run_record(runs_dir, "second")
     chief = second["results"]["worker:0"]
-    assert chief["start_step"] == saved > 0
+    assert saved[0] <= chief["start_step"] <= saved[1]
     assert chief["global_step"] >= 100
     assert chief["initial_xent"] < 1.0, "a resumed model starts trained"
     assert_run_clean(second)

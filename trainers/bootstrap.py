@@ -129,6 +129,42 @@ def serve_forever(server, info):
     server.join()
 
 
+def add_mnist_flags(parser):
+    """Where the MNIST-shaped examples read their data."""
+    parser.add_argument("--data_dir", default="/tmp/mnist-data", help="MNIST IDX .gz files")
+    parser.add_argument("--dataset", default="mnist", choices=["mnist", "digits"],
+                        help="digits: scikit-learn's bundled 8x8 digits, for offline runs")
+    return parser
+
+
+class ExistingServer:
+    """Stands in for this task's server when it was started apart (trainers.grpc_server)."""
+
+    def __init__(self, info):
+        self.target = "grpc://" + info.jobs[info.job][info.index]
+
+
+def run_between_graph(info, load_dataset, train, existing_servers=False):
+    """The classic replica program: a ps serves until stopped; a worker trains and reports.
+
+    LOAD_DATASET() runs on workers only, before the server starts; TRAIN(info, server, dataset)
+    returns the results dict. With EXISTING_SERVERS the workers use servers started apart."""
+    if info.job not in ("ps", "worker"):
+        raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
+    if existing_servers and info.job == "ps":
+        raise SystemExit("with --existing_servers only workers run this program; "
+                         "start the ps servers with `python -m trainers.grpc_server`")
+    dataset = load_dataset() if info.job == "worker" else None
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    server = ExistingServer(info) if existing_servers else start_server(info)
+    if info.job == "ps":
+        serve_forever(server, info)
+        return 0
+    report(train(info, server, dataset))
+    return 0
+
+
 def add_checkpoint_flags(parser, default_dir=""):
     parser.add_argument("--checkpoint_dir", default=default_dir,
                         help="where the chief saves checkpoints; a new run resumes from the last one")

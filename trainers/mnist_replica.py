@@ -5,7 +5,6 @@ asynchronous by default, synchronous with --sync_replicas (SyncReplicasOptimizer
 when the global step reaches --train_steps; each worker then prints its validation cross entropy.
 """
 import math
-import os
 
 from trainers import bootstrap, data
 
@@ -13,9 +12,7 @@ from trainers import bootstrap, data
 def build_parser():
     parser = bootstrap.make_parser(__doc__.splitlines()[0])
     bootstrap.add_cluster_flags(parser)
-    parser.add_argument("--data_dir", default="/tmp/mnist-data", help="MNIST IDX .gz files")
-    parser.add_argument("--dataset", default="mnist", choices=["mnist", "digits"],
-                        help="digits: scikit-learn's bundled 8x8 digits, for offline runs")
+    bootstrap.add_mnist_flags(parser)
     parser.add_argument("--download_only", action="store_true",
                         help="only check that the data is present, then exit")
     parser.add_argument("--num_gpus", type=int, default=1, help="GPUs per worker (0 for CPU)")
@@ -146,31 +143,14 @@ def train(info, server, dataset, args):
 def run(argv):
     args = build_parser().parse_args(argv)
     info = bootstrap.cluster_from_args(args)
-    if info.job == "worker" or args.download_only:
-        dataset = data.load_images(args.dataset, args.data_dir)
-        if args.download_only:
-            bootstrap.log("data present in %s" % args.data_dir)
-            return 0
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    if args.existing_servers:
-        server = _ExistingServer(info)
-    else:
-        server = bootstrap.start_server(info)
-    if info.job == "ps":
-        bootstrap.serve_forever(server, info)
+    if args.download_only:
+        data.load_images(args.dataset, args.data_dir)
+        bootstrap.log("data present in %s" % args.data_dir)
         return 0
-    if info.job != "worker":
-        raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
-    bootstrap.report(train(info, server, dataset, args))
-    return 0
-
-
-class _ExistingServer:
-    """Stands in for a local server when the task's server was started by grpc_server.py."""
-
-    def __init__(self, info):
-        self.target = "grpc://" + info.jobs[info.job][info.index]
+    return bootstrap.run_between_graph(
+        info, lambda: data.load_images(args.dataset, args.data_dir),
+        lambda info, server, dataset: train(info, server, dataset, args),
+        existing_servers=args.existing_servers)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ It is a single-task job: with a cluster (TF_CONFIG or flags) it starts its serve
 session there; without one it runs in-process. The chief checkpoints; a new run with the same
 --checkpoint_dir resumes from the saved global step.
 """
-import math
 
 from trainers import bootstrap, data
 
@@ -24,9 +23,7 @@ FC_UNITS = (256, 128)
 def build_parser():
     parser = bootstrap.make_parser(__doc__.splitlines()[0])
     bootstrap.add_cluster_flags(parser)
-    parser.add_argument("--data_dir", default="/tmp/mnist-data", help="MNIST IDX .gz files")
-    parser.add_argument("--dataset", default="mnist", choices=["mnist", "digits"],
-                        help="digits: scikit-learn's bundled 8x8 digits, for offline runs")
+    bootstrap.add_mnist_flags(parser)
     parser.add_argument("--num_devices", type=int, default=2,
                         help="towers: GPUs when there are enough, else logical CPU devices")
     parser.add_argument("--epochs", type=int, default=30)

@@ -20,9 +20,7 @@ VARIABLE_OPS = ("Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable")
 def build_parser():
     parser = bootstrap.make_parser(__doc__.splitlines()[0])
     bootstrap.add_cluster_flags(parser)
-    parser.add_argument("--data_dir", default="/tmp/mnist-data", help="MNIST IDX .gz files")
-    parser.add_argument("--dataset", default="mnist", choices=["mnist", "digits"],
-                        help="digits: scikit-learn's bundled 8x8 digits, for offline runs")
+    bootstrap.add_mnist_flags(parser)
     parser.add_argument("--train_steps", type=int, default=2000, help="target global step")
     parser.add_argument("--batch_size", type=int, default=100)
     parser.add_argument("--learning_rate", type=float, default=0.001, help="Adam")
@@ -173,19 +171,11 @@ def train(info, server, dataset, args):
 def run(argv):
     args = build_parser().parse_args(argv)
     info = bootstrap.cluster_from_args(args)
-    if info.job not in ("ps", "worker"):
-        raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
     if info.num_ps < 1:
         raise SystemExit("model_parallel needs ps tasks to hold the layers (2 by default)")
-    dataset = data.load_images(args.dataset, args.data_dir) if info.job == "worker" else None
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    server = bootstrap.start_server(info)
-    if info.job == "ps":
-        bootstrap.serve_forever(server, info)
-        return 0
-    bootstrap.report(train(info, server, dataset, args))
-    return 0
+    return bootstrap.run_between_graph(
+        info, lambda: data.load_images(args.dataset, args.data_dir),
+        lambda info, server, dataset: train(info, server, dataset, args))
 
 
 if __name__ == "__main__":
