@@ -70,8 +70,9 @@ def build_parser():
     p.add_argument("--inter-op-threads", type=int, help="per task (default: 1 or 2)")
     p.add_argument("--start-timeout", type=seconds, default=60.0,
                    help="seconds the ps tasks get to listen (default 60)")
-    p.add_argument("--finish-grace", type=seconds, default=30.0,
-                   help="seconds other workers get once the success policy is met (default 30)")
+    p.add_argument("--finish-grace", type=seconds, default=None,
+                   help="seconds other workers get once the success policy is met (default 30; "
+                        "0 when a chief job succeeded)")
     p.add_argument("--stop-grace", type=seconds, default=10.0,
                    help="seconds between TERM and KILL when stopping tasks (default 10)")
     p.add_argument("--lease", type=seconds, default=60.0,

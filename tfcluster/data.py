@@ -23,7 +23,8 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def fetch(name, dest, opener=urllib.request.urlopen):
+def fetch(name, dest, opener=None):
+    opener = opener or urllib.request.urlopen
     datasets = manifest()
     if name not in datasets:
         raise UsageError("unknown dataset %r: choose one of %s" % (name, ", ".join(sorted(datasets))))

@@ -23,6 +23,7 @@ TRACKED_JOBS = ("chief", "worker")
 POLL_SECONDS = 0.5
 TAIL_LINES = 20
 LOST_CONTACT_SECONDS = 30
+DEFAULT_FINISH_GRACE = 30.0
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class LaunchOptions:
     intra_op_threads: int | None = None
     inter_op_threads: int | None = None
     start_timeout: float = 60.0
-    finish_grace: float = 30.0
+    finish_grace: float | None = None
     stop_grace: float = 10.0
     resume: str | None = None
     lease: float = 60.0
@@ -155,8 +156,8 @@ def thread_plan(cluster, reports, options):
         cpus = int(reports.get(machine.key, {}).get("cpus") or os.cpu_count() or 1)
         share = max(1, cpus // len(tasks))
         for task in tasks:
-            plan[task.label] = (options.intra_op_threads or share,
-                                options.inter_op_threads or max(1, min(2, share)))
+            # Two inter-op threads at least: ParameterServerStrategy deadlocks with one.
+            plan[task.label] = (options.intra_op_threads or share, options.inter_op_threads or 2)
     return plan
 
 
@@ -401,6 +402,15 @@ class Launch:
             if self.stop_event.wait(POLL_SECONDS):
                 raise RunInterrupted("interrupted by %s" % self.stop_reason)
 
+    def _finish_grace(self):
+        """How long other workers may go on once the policy is met. When a real chief
+        succeeded, the workers only served it (ParameterServerStrategy): stop them at once."""
+        if self.options.finish_grace is not None:
+            return self.options.finish_grace
+        if self.options.example.success == "chief" and self.cluster.job_tasks("chief"):
+            return 0.0
+        return DEFAULT_FINISH_GRACE
+
     def _monitor(self):
         options = self.options
         deadline = time.monotonic() + options.timeout if options.timeout else None
@@ -424,9 +434,9 @@ class Launch:
                            if self.poller.states.get(t.label, {}).get("alive")]
                 if not running:
                     return None
-                if time.monotonic() - policy_met_at > options.finish_grace:
+                if time.monotonic() - policy_met_at > self._finish_grace():
                     note("stopping %s: still running %gs after the run succeeded"
-                         % (", ".join(t.label for t in running), options.finish_grace))
+                         % (", ".join(t.label for t in running), self._finish_grace()))
                     return None
             if deadline and time.monotonic() > deadline:
                 return RunTimedOut("the run exceeded --timeout %gs" % options.timeout)

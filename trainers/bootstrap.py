@@ -232,7 +232,8 @@ class Timer:
 
 
 def main_guard(run, argv=None):
-    """Run a trainer's main and map a clean SystemExit message to exit status 2."""
+    """Run a trainer's main quietly; Ctrl-C exits 130. A SystemExit message (bad flags,
+    missing data) prints and exits 1, without a traceback."""
     quiet_tensorflow()
     try:
         return run(argv if argv is not None else sys.argv[1:])
