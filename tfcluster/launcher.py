@@ -70,7 +70,6 @@ def preflight(hosts, cluster, expect_code=True):
                          if t.machine.key == session.machine.key and t.port)
         return session.agent("preflight", "--python", session.machine.python, "--ports", ports,
                              "--code-dir", session.machine.root.rstrip("/") + "/trainers",
-                             "--cache-dir", session.machine.workdir,
                              timeout=session.machine.connect_timeout + 150)
 
     machines = [m for m, _ in cluster.machines()]

@@ -329,7 +329,8 @@ def build_parser():
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--ports", default="")
     p.add_argument("--code-dir", default=here)
-    p.add_argument("--cache-dir", default=None, help="remember successful TensorFlow imports here")
+    p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "tfcluster"),
+                   help="remember successful TensorFlow imports here")
     p.set_defaults(func=cmd_preflight)
     p = sub.add_parser("start", help="start tasks described by a base64 JSON spec")
     p.add_argument("--dir", required=True)
