@@ -51,13 +51,16 @@ def assert_learned(result, accuracy, loss_ratio):
 
 def test_census_widendeep(local_env):
     record = launch(local_env, "census_widendeep")
-    for result in results(record, "worker:0", "worker:1"):
+    found = results(record, "worker:0", "worker:1")
+    # A worker that starts late sees an already trained model: the start is the highest loss.
+    start = max(r["initial_loss"] for r in found)
+    for result in found:
         assert result["synthetic"] and result["dataset"] == "synthetic-census"
         assert result["test_rows"] == 1000 and result["eval_steps"] == 1
         assert result["global_step"] >= 300
         assert result["wide_params"] > 1000000 and result["deep_params"] > 0
         assert result["accuracy"] >= result["majority_accuracy"] + 0.05, result
-        assert result["loss"] <= 0.6 * result["initial_loss"], result
+        assert result["loss"] <= 0.6 * start, result
     assert record["tasks"]["ps:0"]["state"] == "stopped"
 
 

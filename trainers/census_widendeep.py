@@ -214,17 +214,9 @@ def train(info, server, dataset, args):
 def run(argv):
     args = build_parser().parse_args(argv)
     info = bootstrap.cluster_from_args(args)
-    dataset = load_dataset(args) if info.job == "worker" else None
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    server = bootstrap.start_server(info)
-    if info.job == "ps":
-        bootstrap.serve_forever(server, info)
-        return 0
-    if info.job != "worker":
-        raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
-    bootstrap.report(train(info, server, dataset, args))
-    return 0
+    return bootstrap.run_between_graph(
+        info, lambda: load_dataset(args),
+        lambda info, server, dataset: train(info, server, dataset, args))
 
 
 if __name__ == "__main__":

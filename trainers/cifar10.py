@@ -651,17 +651,9 @@ def run(argv):
         return 0
     info = bootstrap.cluster_from_args(args)
     check_mode(args.mode, info)
-    dataset = load_dataset(args) if info.job == "worker" else None   # fail before TF starts
-    import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    server = bootstrap.start_server(info)
-    if info.job == "ps":
-        bootstrap.serve_forever(server, info)
-        return 0
-    if info.job != "worker":
-        raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
-    bootstrap.report(train_distributed(info, server, dataset, args))
-    return 0
+    return bootstrap.run_between_graph(
+        info, lambda: load_dataset(args),
+        lambda info, server, dataset: train_distributed(info, server, dataset, args))
 
 
 if __name__ == "__main__":

@@ -22,9 +22,7 @@ PARTITIONERS = ("fixed", "min_size", "none")
 def build_parser():
     parser = bootstrap.make_parser(__doc__.splitlines()[0])
     bootstrap.add_cluster_flags(parser)
-    parser.add_argument("--data_dir", default="/tmp/mnist-data", help="MNIST IDX .gz files")
-    parser.add_argument("--dataset", default="mnist", choices=["mnist", "digits"],
-                        help="digits: scikit-learn's bundled 8x8 digits, for offline runs")
+    bootstrap.add_mnist_flags(parser)
     parser.add_argument("--hidden_units", type=int, default=100)
     parser.add_argument("--train_steps", type=int, default=1000,
                         help="training steps the coordinator schedules (one batch each)")
