@@ -5,6 +5,8 @@ may point at the same machine through `ansible_host`.
 """
 import contextlib
 import io
+import ipaddress
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -14,11 +16,16 @@ from tfcluster.errors import UsageError
 JOBS = ("chief", "worker", "ps", "evaluator")
 DEFAULT_ROOT = "/opt/tfcluster"
 DEFAULT_PORT_BASE = 2222
+# A host name or IPv4 address TensorFlow can put in "host:port" (IPv6 goes in brackets).
+HOST_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 
 
 @dataclass(frozen=True)
 class Machine:
-    """How to reach one machine: enough to open a connection and find tfcluster there."""
+    """How to reach one machine: enough to open a connection and find tfcluster there.
+
+    ADDRESS (with ssh_port, user...) is where SSH goes; DATA_ADDRESS, from tfcluster_address,
+    is where the other tasks reach this machine's TensorFlow ports (None: ADDRESS)."""
 
     address: str
     connection: str = "ssh"
@@ -31,6 +38,12 @@ class Machine:
     python: str = DEFAULT_ROOT + "/venv/bin/python"
     workdir: str = DEFAULT_ROOT + "/work"
     data_dir: str = DEFAULT_ROOT + "/data"
+    data_address: str | None = None
+
+    @property
+    def tf_host(self):
+        """The host part of this machine's TensorFlow addresses (host:port)."""
+        return self.data_address or self.address
 
     @property
     def is_local(self):
@@ -120,41 +133,105 @@ def _slot(hostname, job, host_vars, templar):
             return default
         return templar.template(host_vars[name])
 
-    root = str(get("tfcluster_root", DEFAULT_ROOT))
+    root = _path(get("tfcluster_root", DEFAULT_ROOT), "tfcluster_root", hostname)
+    address = str(get("ansible_host", hostname))
     machine = Machine(
-        address=str(get("ansible_host", hostname)),
+        address=address,
         connection=str(get("ansible_connection", "ssh")),
         ssh_port=_int(get("ansible_port", 22), "ansible_port", hostname),
         user=get("ansible_user"),
         key_file=get("ansible_ssh_private_key_file"),
         known_hosts=get("tfcluster_known_hosts") or _known_hosts_from(get("ansible_ssh_common_args")),
-        connect_timeout=float(get("tfcluster_connect_timeout", 10)),
+        connect_timeout=_seconds(get("tfcluster_connect_timeout", 10), "tfcluster_connect_timeout",
+                                 hostname),
         root=root,
-        python=str(get("tfcluster_python", root + "/venv/bin/python")),
-        workdir=str(get("tfcluster_workdir", root + "/work")),
-        data_dir=str(get("tfcluster_data_dir", root + "/data")),
+        python=_path(get("tfcluster_python", root + "/venv/bin/python"), "tfcluster_python", hostname),
+        workdir=_path(get("tfcluster_workdir", root + "/work"), "tfcluster_workdir", hostname),
+        data_dir=_path(get("tfcluster_data_dir", root + "/data"), "tfcluster_data_dir", hostname),
+        data_address=_data_address(get("tfcluster_address"), address, hostname),
     )
     port = get("tfcluster_port")
-    gpus = get("tfcluster_gpus")
-    if gpus is not None:
-        if isinstance(gpus, (int, str)):
-            gpus = [g for g in str(gpus).split(",") if g.strip()]
-        if not isinstance(gpus, (list, tuple)):
-            raise UsageError("host %s: tfcluster_gpus must be a list of GPU ids like [0, 1]" % hostname)
-        gpus = tuple(_int(g, "tfcluster_gpus", hostname) for g in gpus)
     return Slot(
         name=hostname, job=job, machine=machine,
         port=None if port is None else _int(port, "tfcluster_port", hostname),
         port_base=_int(get("tfcluster_port_base", DEFAULT_PORT_BASE), "tfcluster_port_base", hostname),
-        gpus=gpus,
+        gpus=_gpus(get("tfcluster_gpus"), hostname),
     )
 
 
 def _int(value, name, hostname):
+    # YAML's true/false are ints to Python: `tfcluster_port: true` would become port 1.
+    if isinstance(value, bool):
+        value = str(value).lower()
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise UsageError("host %s: %s must be a whole number, not %r" % (hostname, name, value)) from None
+        raise UsageError("host %s: %s must be a whole number, not %r: fix %s"
+                         % (hostname, name, value, name)) from None
+
+
+def _seconds(value, name, hostname):
+    try:
+        seconds = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UsageError("host %s: %s must be a number of seconds above 0, not %r: fix %s"
+                         % (hostname, name, value, name))
+    return seconds
+
+
+def _gpus(value, hostname):
+    if value is None:
+        return None
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        value = [g for g in str(value).split(",") if g.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise UsageError("host %s: tfcluster_gpus must be a list of GPU ids like [0, 1]" % hostname)
+    gpus = tuple(_int(g, "tfcluster_gpus", hostname) for g in value)
+    for gpu in gpus:
+        if gpu < 0:
+            raise UsageError("host %s: tfcluster_gpus lists GPU %d, but ids start at 0 as "
+                             "nvidia-smi -L numbers them: fix tfcluster_gpus" % (hostname, gpu))
+    if len(set(gpus)) != len(gpus):
+        raise UsageError("host %s: tfcluster_gpus lists a GPU twice (%s): list each once"
+                         % (hostname, ", ".join(map(str, gpus))))
+    return gpus
+
+
+def _path(value, name, hostname):
+    """An absolute path that a shell command (quoted), PATH and PYTHONPATH can carry."""
+    path = str(value)
+    if not path.startswith("/"):
+        raise UsageError("host %s: %s must be an absolute path, not %r: fix %s"
+                         % (hostname, name, path, name))
+    if any(ord(c) < 32 or ord(c) == 127 for c in path) or ":" in path:
+        raise UsageError("host %s: %s %r contains a control character or ':' (PATH and "
+                         "PYTHONPATH separator): choose another path" % (hostname, name, path))
+    return path
+
+
+def check_host(host, what, fix):
+    """HOST as TensorFlow's host:port needs it: a name, an IPv4 address or a bracketed IPv6 one."""
+    host = str(host)
+    try:
+        if ipaddress.ip_address(host.strip("[]")).version == 6:
+            return "[%s]" % host.strip("[]")
+        return host
+    except ValueError:
+        pass
+    if not HOST_NAME.match(host):
+        raise UsageError("%s %r is not a host name or IP address (letters, digits, '.', '-', "
+                         "'_'; IPv6 in brackets): %s" % (what, host, fix))
+    return host
+
+
+def _data_address(value, ssh_address, hostname):
+    if value is None:
+        host = check_host(ssh_address, "host %s: ansible_host" % hostname,
+                          "fix it, or set tfcluster_address to the address tasks use")
+        return None if host == ssh_address else host
+    return check_host(value, "host %s: tfcluster_address" % hostname, "fix tfcluster_address")
 
 
 def _known_hosts_from(ssh_args):

@@ -4,7 +4,7 @@ import re
 from dataclasses import dataclass
 
 from tfcluster.errors import UsageError
-from tfcluster.inventory import JOBS, Machine
+from tfcluster.inventory import JOBS, Machine, check_host
 
 # Jobs that run a gRPC server and so appear in the cluster; an evaluator only reads checkpoints.
 SERVER_JOBS = ("chief", "worker", "ps")
@@ -18,7 +18,10 @@ class Task:
     slot: str
     machine: Machine
     port: int | None
+    # None until gpus.assign() decides from preflight; "" means no GPU.
     cuda_visible_devices: str | None = None
+    # True when the slot's tfcluster_gpus chose the devices (assign() keeps them).
+    gpus_listed: bool = False
 
     @property
     def label(self):
@@ -31,11 +34,14 @@ class Task:
 
     @property
     def address(self):
-        return "%s:%d" % (self.machine.address, self.port)
+        """host:port where the other tasks reach this task's server (tfcluster_address's host)."""
+        return "%s:%d" % (self.machine.tf_host, self.port)
 
     def to_dict(self):
+        # "host" is the SSH address: manage.py finds the task's machine by it.
         return {"job": self.job, "index": self.index, "slot": self.slot, "host": self.machine.address,
-                "port": self.port, "cuda_visible_devices": self.cuda_visible_devices}
+                "port": self.port, "address": self.address if self.port else None,
+                "cuda_visible_devices": self.cuda_visible_devices}
 
 
 class Cluster:
@@ -99,23 +105,30 @@ def build_cluster(slots, counts=None, task_per_gpu=True):
 
 
 def _expand(slot, task_per_gpu=True):
-    """One task per GPU on workers that list tfcluster_gpus; ps never sees a GPU."""
-    if slot.job == "ps":
-        return [(slot, "")]
+    """(slot, devices, listed) per task: one task per listed GPU on a worker with TASK_PER_GPU.
+
+    Devices stay None (decided by gpus.assign from preflight) unless the slot lists GPUs;
+    a ps that lists none never sees a GPU."""
     if slot.gpus is None:
-        return [(slot, None)]
+        return [(slot, "" if slot.job == "ps" else None, False)]
     if slot.job == "worker" and slot.gpus and task_per_gpu:
-        return [(slot, str(gpu)) for gpu in slot.gpus]
-    return [(slot, ",".join(str(g) for g in slot.gpus))]
+        return [(slot, str(gpu), True) for gpu in slot.gpus]
+    return [(slot, ",".join(str(g) for g in slot.gpus), True)]
+
+
+def _port_keys(machine):
+    # Servers bind every interface: a port is taken on the SSH machine and on the data address.
+    return {("machine", machine.address), ("tf", machine.tf_host)}
 
 
 def _assign_ports(chosen):
     taken = {}
-    for slot, _ in chosen:
+    for slot, _, _ in chosen:
         if slot.port is not None:
-            taken.setdefault(slot.machine.address, set()).add(slot.port)
+            for key in _port_keys(slot.machine):
+                taken.setdefault(key, set()).add(slot.port)
     tasks, index = [], {}
-    for slot, devices in chosen:
+    for slot, devices, listed in chosen:
         job_index = index.get(slot.job, 0)
         index[slot.job] = job_index + 1
         port = None
@@ -124,15 +137,17 @@ def _assign_ports(chosen):
                 port = slot.port
             else:
                 # The lowest port from the slot's base that no task on its machine has.
-                used = taken.setdefault(slot.machine.address, set())
+                keys = _port_keys(slot.machine)
+                used = set().union(*(taken.get(key, set()) for key in keys))
                 port = slot.port_base
                 while port in used:
                     port += 1
-                used.add(port)
+                for key in keys:
+                    taken.setdefault(key, set()).add(port)
             if not 1 <= port <= 65535:
                 raise UsageError("host %s: port %d is out of range: set tfcluster_port or "
                                  "tfcluster_port_base between 1 and 65535" % (slot.name, port))
-        tasks.append(Task(slot.job, job_index, slot.name, slot.machine, port, devices))
+        tasks.append(Task(slot.job, job_index, slot.name, slot.machine, port, devices, listed))
     return tasks
 
 
@@ -141,10 +156,12 @@ def _check_unique_addresses(tasks):
     for task in tasks:
         if task.port is None:
             continue
-        if task.address in seen:
-            raise UsageError("%s and %s both use %s: give one of them another tfcluster_port"
-                             % (seen[task.address], task.label, task.address))
-        seen[task.address] = task.label
+        for key in _port_keys(task.machine):
+            where = "%s:%d" % (key[1], task.port)
+            if (key, task.port) in seen:
+                raise UsageError("%s and %s both use %s: give one of them another tfcluster_port"
+                                 % (seen[key, task.port], task.label, where))
+            seen[key, task.port] = task.label
 
 
 def format_cluster_spec(jobs):
@@ -156,7 +173,7 @@ def parse_cluster_spec(text):
     fix = " (expected e.g. 'worker|localhost:2222;localhost:2223,ps|localhost:2224')"
     if not text or not text.strip():
         raise UsageError("empty cluster spec" + fix)
-    jobs = {}
+    jobs, seen = {}, {}
     for part in text.strip().split(","):
         if part.count("|") != 1:
             raise UsageError("job %r in the cluster spec needs exactly one '|'" % part + fix)
@@ -169,9 +186,12 @@ def parse_cluster_spec(text):
             raise UsageError("job %r appears twice in the cluster spec" % name + fix)
         if not task_text:
             raise UsageError("job %r has no tasks in the cluster spec" % name + fix)
-        addresses = task_text.split(";")
+        addresses = [_check_address(address, name, fix) for address in task_text.split(";")]
         for address in addresses:
-            _check_address(address, name, fix)
+            if address in seen:
+                raise UsageError("%s is in the cluster spec twice (%s and %s): give every task "
+                                 "its own host:port" % (address, seen[address], name))
+            seen[address] = name
         jobs[name] = addresses
     return jobs
 
@@ -181,6 +201,8 @@ def _check_address(address, job, fix):
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise UsageError("task %r of job %r is not host:port with a port from 1 to 65535"
                          % (address, job) + fix)
+    host = check_host(host, "task %r of job %r:" % (address, job), "fix the cluster spec")
+    return "%s:%d" % (host, int(port))
 
 
 def render(cluster, fmt):
