@@ -67,26 +67,32 @@ def render(template, variables, what):
     try:
         return _ENV.from_string(template).render(**variables).strip()
     except jinja2.TemplateError as err:
+        reason = (str(err) or type(err).__name__).splitlines()[0]
         raise UsageError("cannot render %s: %s (check the {{ variables }} it uses)"
-                         % (what, err)) from None
+                         % (what, reason)) from None
 
 
 def task_variables(cluster, task, run_dir, checkpoint_dir, user_args):
-    """What a command template may use."""
+    """What a command template may use. Every text value is quoted for /bin/sh: a template
+    writes {{ data_dir }}/mnist, never "{{ data_dir }}"."""
     machine = task.machine
     jobs = cluster.jobs()
     flags = cluster.flags(task)
+    quote = shlex.quote
     return {
-        "python": shlex.quote(machine.python), "job": task.job, "index": task.index,
-        "task": task, "label": task.label, "flags": shlex.join(flags),
-        "ps_hosts": ",".join(jobs.get("ps", [])), "worker_hosts": ",".join(jobs.get("worker", [])),
-        "chief_hosts": ",".join(jobs.get("chief", [])),
+        "python": quote(machine.python), "job": task.job, "index": task.index,
+        "task": task, "label": quote(task.label), "flags": shlex.join(flags),
+        "ps_hosts": quote(",".join(jobs.get("ps", []))),
+        "worker_hosts": quote(",".join(jobs.get("worker", []))),
+        "chief_hosts": quote(",".join(jobs.get("chief", []))),
         "num_workers": len(jobs.get("worker", [])), "num_ps": len(jobs.get("ps", [])),
-        "cluster_spec": shlex.quote(cluster.cluster_spec_string()),
-        "tf_config": shlex.quote(json.dumps(cluster.tf_config(task))),
-        "num_gpus": len(task.cuda_visible_devices.split(",")) if task.cuda_visible_devices else 0,
-        "root": machine.root, "data_dir": machine.data_dir, "run_dir": run_dir,
-        "checkpoint_dir": checkpoint_dir, "user_args": shlex.join(user_args),
+        "cluster_spec": quote(cluster.cluster_spec_string()),
+        "tf_config": quote(json.dumps(cluster.tf_config(task))),
+        # What the task sees: its CUDA_VISIBLE_DEVICES after gpus.assign().
+        "num_gpus": len([d for d in (task.cuda_visible_devices or "").split(",") if d.strip()]),
+        "root": quote(machine.root), "data_dir": quote(machine.data_dir),
+        "run_dir": quote(run_dir), "checkpoint_dir": quote(checkpoint_dir),
+        "user_args": shlex.join(user_args),
     }
 
 
@@ -94,7 +100,17 @@ def task_command(example, cluster, task, run_dir, checkpoint_dir, user_args=(), 
     variables = task_variables(cluster, task, run_dir, checkpoint_dir, list(user_args))
     args_template = example.smoke if smoke else example.args
     variables["args"] = render(args_template or "", variables, "the arguments of " + example.name)
-    command = render(example.command, variables, "the command of " + example.name)
+    command = render(example.command, variables,
+                     "--cmd" if example.name == "custom" else "the command of " + example.name)
     if example.name != "custom" and user_args:
         command += " " + shlex.join(user_args)
     return command
+
+
+def check_templates(example, cluster):
+    """Render every task's command (with and without --smoke) with placeholder folders, so a
+    template error is a UsageError before preflight rather than after it."""
+    for task in cluster.tasks:
+        run_dir = task.machine.workdir.rstrip("/") + "/RUN-ID"
+        for smoke in (False, True):
+            task_command(example, cluster, task, run_dir, run_dir + "/checkpoints", smoke=smoke)

@@ -4,6 +4,7 @@ Exit codes: 0 success, 1 run failed, 2 usage or bad input, 3 preflight failed,
 124 --timeout, 130 interrupted.
 """
 import argparse
+import math
 import os
 import sys
 
@@ -38,9 +39,29 @@ def seconds(text):
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError("expected seconds, not %r" % text) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError("expected a finite number of seconds, not %r" % text)
     if value <= 0:
         raise argparse.ArgumentTypeError("must be more than 0")
     return value
+
+
+def threads(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a whole number, not %r" % text) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more, not %d" % value)
+    return value
+
+
+def run_id(text):
+    from tfcluster.runs import check_run_id
+    try:
+        return check_run_id(text)
+    except UsageError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser():
@@ -55,7 +76,7 @@ def build_parser():
     p.add_argument("example", nargs="?", help="catalog name (see `tfcluster examples`)")
     p.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
     p.add_argument("--cmd", help="your own command, run for every task with TF_CONFIG set")
-    p.add_argument("--run-id", help="name of the run folder (default: time-example-random)")
+    p.add_argument("--run-id", type=run_id, help="name of the run folder (default: time-example-random)")
     p.add_argument("--detach", action="store_true", help="return once every task runs")
     p.add_argument("--timeout", type=seconds, help="stop everything after S seconds (exit 124)")
     p.add_argument("--smoke", action="store_true", help="the example's tiny, seconds-long settings")
@@ -66,8 +87,8 @@ def build_parser():
     p.add_argument("--success", choices=["chief", "worker0", "all_workers"],
                    help="with --cmd: which tasks must exit 0 (default: chief, else worker 0)")
     p.add_argument("--resume", metavar="RUN", help="restore the chief from RUN's checkpoints")
-    p.add_argument("--intra-op-threads", type=int, help="per task (default: cores / tasks per host)")
-    p.add_argument("--inter-op-threads", type=int, help="per task (default: 1 or 2)")
+    p.add_argument("--intra-op-threads", type=threads, help="per task (default: cores / tasks per host)")
+    p.add_argument("--inter-op-threads", type=threads, help="per task (default: 1 or 2)")
     p.add_argument("--start-timeout", type=seconds, default=60.0,
                    help="seconds the ps tasks get to listen (default 60)")
     p.add_argument("--finish-grace", type=seconds, default=None,
@@ -148,9 +169,10 @@ def cmd_launch(args):
         raise UsageError("name an example (`tfcluster examples` lists them) or pass --cmd")
     if args.smoke and args.cmd:
         raise UsageError("--smoke is for built-in examples; your --cmd decides its own settings")
+    from tfcluster import runs
     if args.resume:
-        from tfcluster import runs
         runs.load(args.runs_dir, args.resume)  # a one-line error when there is no such run
+    runs.writable_dir(args.runs_dir, "--runs-dir")  # before anything starts, not after the run
     extra_env = {}
     for item in args.env:
         name, sep, value = item.partition("=")

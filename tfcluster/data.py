@@ -8,6 +8,7 @@ import urllib.request
 
 from tfcluster.catalog import trainers_dir
 from tfcluster.errors import TfclusterError, UsageError
+from tfcluster.runs import writable_dir
 
 
 def manifest():
@@ -28,7 +29,7 @@ def fetch(name, dest, opener=None):
     datasets = manifest()
     if name not in datasets:
         raise UsageError("unknown dataset %r: choose one of %s" % (name, ", ".join(sorted(datasets))))
-    os.makedirs(dest, exist_ok=True)
+    writable_dir(dest, "--dest")
     for entry in datasets[name]["files"]:
         target = os.path.join(dest, entry["name"])
         if os.path.exists(target) and sha256_of(target) == entry["sha256"]:

@@ -4,6 +4,9 @@ import json
 import os
 import re
 import secrets
+import socket
+import sys
+import tempfile
 
 from tfcluster.errors import UsageError
 
@@ -17,14 +20,31 @@ def now():
 
 
 def new_run_id(example):
+    """time-example-host-random: ids from two controllers (or two launches) do not collide."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return "%s-%s-%s" % (stamp, example, secrets.token_hex(2))
+    host = re.sub(r"[^A-Za-z0-9]", "", socket.gethostname().split(".")[0])[:12] or "host"
+    return "%s-%s-%s-%s" % (stamp, example, host, secrets.token_hex(3))
 
 
 def check_run_id(run_id):
-    if not RUN_ID.match(run_id):
-        raise UsageError("run id %r may only use letters, digits, '.', '_' and '-'" % run_id)
+    if not RUN_ID.fullmatch(run_id):
+        raise UsageError("run id %r may only use letters, digits, '.', '_' and '-' (100 at most, "
+                         "starting with a letter or digit): pick another" % run_id)
     return run_id
+
+
+def writable_dir(path, what):
+    """Create PATH if needed and check a file can be written there; WHAT names the option."""
+    try:
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise NotADirectoryError("it is a file")
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise UsageError("%s %s cannot hold files (%s): pass a folder you can write to"
+                         % (what, path, reason.lower() if reason else "not writable")) from None
+    return path
 
 
 class RunRecord:
@@ -32,6 +52,8 @@ class RunRecord:
         self.runs_dir = runs_dir
         self.id = run_id
         self.data = data if data is not None else {"id": run_id}
+        # A new record owns its folder only once save() created it (exclusively).
+        self.claimed = data is not None
 
     @property
     def dir(self):
@@ -42,7 +64,14 @@ class RunRecord:
         return os.path.join(self.dir, "run.json")
 
     def save(self):
-        os.makedirs(self.dir, exist_ok=True)
+        if not self.claimed:
+            os.makedirs(self.runs_dir, exist_ok=True)
+            try:
+                os.mkdir(self.dir)  # atomic: two launches with one id cannot both get here
+            except FileExistsError:
+                raise UsageError("run %s already exists in %s: pick another --run-id"
+                                 % (self.id, self.runs_dir)) from None
+            self.claimed = True
         tmp = self.path + ".tmp"
         with open(tmp, "w") as handle:
             json.dump(self.data, handle, indent=2, sort_keys=True)
@@ -70,20 +99,57 @@ def load(runs_dir, run_id):
     record = RunRecord(runs_dir, check_run_id(run_id))
     try:
         with open(record.path) as handle:
-            record.data = json.load(handle)
+            data = json.load(handle)
     except FileNotFoundError:
         raise UsageError("no run %s in %s: `tfcluster runs` lists them" % (run_id, runs_dir)) from None
+    except (OSError, ValueError) as err:
+        raise UsageError("run %s: cannot read %s (%s): repair or remove that folder"
+                         % (run_id, record.path, str(err).splitlines()[0])) from None
+    problem = _shape_problem(data)
+    if problem:
+        raise UsageError("run %s: %s is not a tfcluster run record (%s): repair or remove that "
+                         "folder" % (run_id, record.path, problem))
+    record.data = data
+    record.claimed = True
     return record
 
 
+def _shape_problem(data):
+    """What makes DATA unusable by status/stop/logs, or None."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    machines = data.get("machines", [])
+    tasks = data.get("tasks", {})
+    if not isinstance(machines, list) or not all(isinstance(m, dict) and "address" in m
+                                                 for m in machines):
+        return "bad machines"
+    if not isinstance(tasks, dict):
+        return "bad tasks"
+    addresses = {m["address"] for m in machines}
+    for label, task in tasks.items():
+        if not isinstance(task, dict) or not {"job", "index", "slot", "host", "port"} <= set(task):
+            return "task %s incomplete" % label
+        if task["host"] not in addresses:
+            return "task %s on unknown machine %s" % (label, task["host"])
+    return None
+
+
 def all_runs(runs_dir):
+    """Every readable run, oldest first; a folder that is not one is skipped with a warning."""
     records = []
     if not os.path.isdir(runs_dir):
         return records
     for name in sorted(os.listdir(runs_dir)):
-        if os.path.exists(os.path.join(runs_dir, name, "run.json")):
+        if not os.path.exists(os.path.join(runs_dir, name, "run.json")):
+            continue
+        try:
+            if not RUN_ID.fullmatch(name):
+                raise UsageError("%r is not a run id: rename or remove that folder" % name)
             records.append(load(runs_dir, name))
-    return sorted(records, key=lambda r: r.get("created", ""))
+        except UsageError as err:
+            print("tfcluster: warning: skipping %s: %s" % (os.path.join(runs_dir, name), err),
+                  file=sys.stderr, flush=True)
+    return sorted(records, key=lambda r: str(r.get("created", "")))
 
 
 def latest(runs_dir, active_only=False):
