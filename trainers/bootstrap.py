@@ -1,14 +1,19 @@
-"""What every trainer shares: the cluster, the server, roles, sessions, checkpoints, the result line.
+"""What every trainer shares: the cluster, the server, flags, seeds, sessions, checkpoints, the
+result line. The training loop itself (clock, metrics, TensorBoard, result schema) is loop.py.
 
-Host side: imports TensorFlow and the standard library only, never tfcluster.
+Host side: imports TensorFlow, numpy and the standard library only, never tfcluster.
 """
 import argparse
 import json
 import os
+import random
 import sys
 import time
 
-RESULT_PREFIX = "TFCLUSTER_RESULT "
+from trainers import protocol
+
+RESULT_PREFIX = protocol.RESULT_PREFIX
+DEFAULT_SEED = 0
 
 
 class ClusterInfo:
@@ -41,6 +46,11 @@ class ClusterInfo:
     @property
     def label(self):
         return "%s:%d" % (self.job, self.index)
+
+    @property
+    def name(self):
+        """worker-0: the task's name in file names (its log, its TensorBoard folder)."""
+        return "%s-%d" % (self.job, self.index)
 
     def cluster_spec(self):
         import tensorflow as tf
@@ -139,16 +149,16 @@ def add_mnist_flags(parser):
 
 class ExistingServer:
     """Stands in for this task's server when it was started apart (trainers.grpc_server)."""
-
     def __init__(self, info):
         self.target = "grpc://" + info.jobs[info.job][info.index]
 
 
-def run_between_graph(info, load_dataset, train, existing_servers=False):
+def run_between_graph(info, load_dataset, train, existing_servers=False, seed=DEFAULT_SEED):
     """The classic replica program: a ps serves until stopped; a worker trains and reports.
 
     LOAD_DATASET() runs on workers only, before the server starts; TRAIN(info, server, dataset)
-    returns the results dict. With EXISTING_SERVERS the workers use servers started apart."""
+    returns the results dict. With EXISTING_SERVERS the workers use servers started apart.
+    The graph is seeded with SEED before TRAIN builds it."""
     if info.job not in ("ps", "worker"):
         raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
     if existing_servers and info.job == "ps":
@@ -157,12 +167,31 @@ def run_between_graph(info, load_dataset, train, existing_servers=False):
     dataset = load_dataset() if info.job == "worker" else None
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
+    seed_everything(seed)
     server = ExistingServer(info) if existing_servers else start_server(info)
     if info.job == "ps":
         serve_forever(server, info)
         return 0
     report(train(info, server, dataset))
     return 0
+
+
+def add_training_flags(parser, log_every=0):
+    """--seed and --log_every, which every trainer's loop (Progress) reads."""
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help="seeds python, numpy and TensorFlow (initial weights, batch order)")
+    parser.add_argument("--log_every", type=int, default=log_every,
+                        help="a metrics point every N local steps (0: about ten per task)")
+    return parser
+
+
+def seed_everything(seed):
+    """Python, numpy and TensorFlow (the default graph in graph mode, the global seed eagerly)."""
+    import numpy as np
+    import tensorflow as tf
+    random.seed(seed)
+    np.random.seed(seed)
+    tf.random.set_seed(seed)
 
 
 def add_checkpoint_flags(parser, default_dir=""):
@@ -194,6 +223,18 @@ def prepare_session(info, server, manager, init_op, saver, checkpoint_dir, confi
     return sess
 
 
+def graph_session(info, server, checkpoint_dir, config=None, **manager_ops):
+    """(session, saver) of a between-graph replica, built after its graph: the chief restores
+    or initialises, the others wait. MANAGER_OPS go to session_manager()."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    saver = v1.train.Saver(max_to_keep=2)
+    sess = prepare_session(info, server, session_manager(**manager_ops),
+                           v1.global_variables_initializer(), saver, checkpoint_dir,
+                           config if config is not None else session_config(info))
+    return sess, saver
+
+
 def save_checkpoint(sess, saver, checkpoint_dir, global_step):
     if not checkpoint_dir:
         return None
@@ -205,7 +246,7 @@ def save_checkpoint(sess, saver, checkpoint_dir, global_step):
 
 def report(results):
     """The one machine-readable line the launcher collects into run.json."""
-    print(RESULT_PREFIX + json.dumps(results, sort_keys=True), flush=True)
+    protocol.report_result(results)
 
 
 def log(message):

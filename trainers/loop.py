@@ -1,0 +1,188 @@
+"""One task's training loop, the same for every trainer: its clock, a metrics point every
+--log_every local steps (a TFCLUSTER_METRIC line for the controller and TensorBoard scalars under
+$TFCLUSTER_RUN_DIR/tensorboard/<task>/), evaluation, and the final result in the one schema
+(protocol.RESULT_KEYS plus the example's extras, among them `devices` and `num_gpus`).
+
+Host side: TensorFlow, numpy and the standard library only.
+"""
+import math
+import os
+import socket
+import time
+
+from trainers import bootstrap, data, models, protocol
+
+POINTS_PER_TASK = 10  # metrics points a task reports when --log_every is left at 0
+
+
+def evaluate(sess, fetches, feed, x, y, batch_size=0):
+    """Mean of FETCHES (e.g. loss and accuracy tensors) over (x, y), fed by FEED((bx, by)) in
+    batches of BATCH_SIZE (0: all at once); a list of floats."""
+    size = batch_size or len(y)
+    totals = [0.0] * len(fetches)
+    for start in range(0, len(y), size):
+        batch = x[start:start + size], y[start:start + size]
+        values = sess.run(list(fetches), feed_dict=feed(batch))
+        totals = [t + float(v) * len(batch[1]) for t, v in zip(totals, values)]
+    return [t / max(len(y), 1) for t in totals]
+
+
+def feeder(model):
+    """FEED(batch) for a MODEL with "x" and "y" placeholders."""
+    return lambda batch: {model["x"]: batch[0], model["y"]: batch[1]}
+
+
+def test_evaluator(sess, model, dataset, feed=None, batch_size=0):
+    """EVALUATE() -> (loss, accuracy) of MODEL on DATASET's test set."""
+    feed = feed or feeder(model)
+    return lambda: tuple(evaluate(sess, [model["loss"], model["accuracy"]], feed,
+                                  dataset.test_x, dataset.test_y, batch_size))
+
+
+def num_gpus():
+    import tensorflow as tf
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+# ---------------------------------------------------------------- the training loop
+
+class Scalars:
+    """TensorBoard scalars for one task: an event file written directly (Event protos in a
+    TFRecord), so the same code serves graph-mode and eager trainers. LOGDIR None: no-op."""
+
+    def __init__(self, logdir):
+        self._writer = None
+        if not logdir:
+            return
+        import tensorflow as tf
+        self._tf = tf
+        os.makedirs(logdir, exist_ok=True)
+        path = os.path.join(logdir, "events.out.tfevents.%d.%s.%d"
+                            % (int(time.time()), socket.gethostname(), os.getpid()))
+        self._writer = tf.io.TFRecordWriter(path)
+        self._write(tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    @classmethod
+    def for_task(cls, name, environ=None):
+        """Under $TFCLUSTER_RUN_DIR/tensorboard/NAME/, the folder tfcluster collects."""
+        run_dir = (os.environ if environ is None else environ).get("TFCLUSTER_RUN_DIR")
+        return cls(os.path.join(run_dir, "tensorboard", name) if run_dir else None)
+
+    def _write(self, event):
+        self._writer.write(event.SerializeToString())
+        self._writer.flush()
+
+    def add(self, step, **values):
+        if self._writer is None:
+            return
+        v1 = self._tf.compat.v1
+        summary = v1.Summary(value=[v1.Summary.Value(tag=tag, simple_value=float(value))
+                                    for tag, value in sorted(values.items())
+                                    if isinstance(value, (int, float)) and math.isfinite(value)])
+        self._write(v1.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def close(self):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class Progress:
+    """One task's training loop: its clock, a metrics point every --log_every local steps (a
+    TFCLUSTER_METRIC line and TensorBoard scalars), and the final result in the one schema.
+
+    EXPECTED_STEPS (this task's share of the steps) sets --log_every 0 to ~POINTS_PER_TASK."""
+
+    def __init__(self, info, args, batch_size, start_step, initial_loss, initial_accuracy=None,
+                 expected_steps=0, name=None):
+        self.task = info.label if info is not None else "local"
+        self.chief = info is None or info.is_chief
+        self.batch_size = batch_size
+        self.log_every = args.log_every or max(1, math.ceil(expected_steps / POINTS_PER_TASK))
+        self.start_step = self.step = int(start_step)
+        self.initial_loss, self.initial_accuracy = initial_loss, initial_accuracy
+        self.local_steps = 0
+        self.elapsed = None
+        self.devices = None  # where TensorFlow ran this task's compute, once known
+        self.board = Scalars.for_task(name or (info.name if info is not None else "local"))
+        self.timer = bootstrap.Timer()
+        self._last = (self.timer.seconds, 0, self.start_step)
+        self.point(self.start_step, initial_loss, accuracy=initial_accuracy)
+
+    def tick(self, step, loss=None, **scalars):
+        """After one local step that left the global step at STEP (LOSS: its batch loss)."""
+        self.local_steps += 1
+        self.step = int(step)
+        if self.local_steps % self.log_every == 0:
+            self.point(self.step, loss, **scalars)
+
+    def point(self, step, loss=None, **scalars):
+        now = self.timer.seconds
+        since, local, global_step = self._last
+        rate = None
+        if now > since and self.local_steps > local:
+            rate = (self.local_steps - local) * self.batch_size / (now - since)
+            if self.chief:
+                scalars["global_steps_per_s"] = (int(step) - global_step) / (now - since)
+        self._last = (now, self.local_steps, int(step))
+        protocol.report_metric(step, loss, rate, **scalars)
+        self.board.add(step, loss=loss, examples_per_s=rate, **scalars)
+
+    def stop(self):
+        """End of training (before the final evaluation): freezes train_time_s."""
+        if self.elapsed is None:
+            self.elapsed = self.timer.seconds
+        return self.elapsed
+
+    def result(self, loss, accuracy, devices=None, global_step=None, **extras):
+        """The result dict (one schema plus EXTRAS); reports the last metrics point."""
+        devices = devices if devices is not None else (self.devices or [])
+        elapsed = self.stop()
+        step = self.step if global_step is None else int(global_step)
+        rate = self.local_steps * self.batch_size / max(elapsed, 1e-9)
+        result = {"loss": loss, "initial_loss": self.initial_loss, "accuracy": accuracy,
+                  "global_step": step, "train_time_s": round(elapsed, 3),
+                  "examples_per_s": round(rate, 1), "initial_accuracy": self.initial_accuracy,
+                  "start_step": self.start_step, "local_steps": self.local_steps,
+                  "task": self.task, "devices": list(devices), "num_gpus": num_gpus()}
+        result.update(extras)
+        protocol.report_metric(step, loss, round(rate, 1), accuracy=accuracy)
+        self.board.add(step, loss=loss, accuracy=accuracy, examples_per_s=rate)
+        self.board.close()
+        return result
+
+
+def train_replica(info, sess, saver, args, model, dataset, target, feed=None, eval_batch_size=0):
+    """A between-graph worker's loop on its shard of DATASET up to global step TARGET;
+    returns (its Progress, stopped; EVALUATE() -> test (loss, accuracy)).
+
+    MODEL: "global_step", "loss", "accuracy", and "step_after" (the global step read after this
+    task's update) or "train_op"; FEED(batch) -> feed_dict (default: "x" and "y"). The first
+    step runs traced: Progress.devices says where TensorFlow ran this task's compute."""
+    feed = feed or feeder(model)
+    evaluate_fn = test_evaluator(sess, model, dataset, feed, eval_batch_size)
+    shard = dataset.shard(info.index, info.num_workers)
+    batches = data.batches(shard.train_x, shard.train_y, args.batch_size,
+                           seed=(args.seed, info.index))
+    start = int(sess.run(model["global_step"]))
+    initial_loss, initial_accuracy = evaluate_fn()
+    progress = Progress(info, args, args.batch_size, start, initial_loss, initial_accuracy,
+                        expected_steps=(target - start) / max(1, info.num_workers))
+    step = start
+    fetches = [model["loss"], model.get("step_after", model.get("train_op"))]
+    while step < target:
+        feed_dict = feed(next(batches))
+        if progress.devices is None:
+            (loss, step), stats = models.traced_run(sess, fetches, feed_dict)
+            progress.devices = models.placed_devices(stats, info.device)
+        else:
+            loss, step = sess.run(fetches, feed_dict=feed_dict)
+        if "step_after" not in model:
+            # A fresh read: the step fetched with train_op may predate this update (#11753).
+            step = sess.run(model["global_step"])
+        progress.tick(step, loss)
+        if (info.is_chief and args.save_every_steps
+                and progress.local_steps % args.save_every_steps == 0):
+            bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step)
+    progress.stop()
+    return progress, evaluate_fn
