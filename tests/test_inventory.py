@@ -95,6 +95,7 @@ worker:
      "both use a:5000"),
     ("worker:\n  hosts:\n    a: {tfcluster_port: 70000}\n", "port 70000 is out of range"),
     ("worker:\n  hosts:\n    a: {tfcluster_port: twelve}\n", "tfcluster_port must be a whole number"),
+    ("worker:\n  hosts:\n    a: {tfcluster_address: 'h;rm'}\n", "tfcluster_address 'h;rm' is not a host name"),
     ("worker:\n  hosts:\n    a: {tfcluster_gpus: {x: 1}}\n", "tfcluster_gpus must be a list"),
 ])
 def test_validation_errors(tmp_path, text, message):
@@ -133,3 +134,84 @@ worker:
     assert [t.cuda_visible_devices for t in cluster.tasks] == ["0,1"]
     from tfcluster.catalog import load_catalog
     assert load_catalog()["mnist_towers"].task_per_gpu is False
+
+
+DATA_NETWORK = """
+ps:
+  hosts:
+    p: {ansible_host: 10.0.0.1, tfcluster_address: 192.168.100.1}
+chief:
+  hosts:
+    c: {ansible_host: 10.0.0.2, tfcluster_address: gpu02-ib.example.com}
+worker:
+  hosts:
+    w0: {ansible_host: 10.0.0.2, tfcluster_address: gpu02-ib.example.com}
+    w1: {ansible_host: 10.0.0.3, ansible_port: 2200}
+"""
+
+
+def test_tfcluster_address_is_what_tensorflow_uses_and_ssh_keeps_ansible_host(tmp_path):
+    from tfcluster.catalog import load_catalog, task_command
+    cluster = build_cluster(load_slots(write(tmp_path, "hosts.yml", DATA_NETWORK)))
+    data = {"ps": ["192.168.100.1:2222"], "chief": ["gpu02-ib.example.com:2222"],
+            "worker": ["gpu02-ib.example.com:2223", "10.0.0.3:2222"]}
+    assert cluster.jobs() == {job: data[job] for job in ("chief", "worker", "ps")}
+    assert cluster.cluster_spec_string() == ("chief|gpu02-ib.example.com:2222,worker|"
+                                             "gpu02-ib.example.com:2223;10.0.0.3:2222,"
+                                             "ps|192.168.100.1:2222")
+    worker = cluster.find("worker:0")
+    assert cluster.tf_config(worker)["cluster"]["ps"] == data["ps"]
+    assert "--worker_hosts=gpu02-ib.example.com:2223,10.0.0.3:2222" in cluster.flags(worker)
+    assert worker.address == "gpu02-ib.example.com:2223"
+    assert worker.to_dict()["address"] == worker.address
+    # SSH still goes to ansible_host, and slots of one SSH machine are one machine.
+    assert worker.machine.address == "10.0.0.2" and worker.to_dict()["host"] == "10.0.0.2"
+    assert [m.address for m, _ in cluster.machines()] == ["10.0.0.2", "10.0.0.3", "10.0.0.1"]
+    command = task_command(load_catalog()["mnist_replica"], cluster, worker, "/r", "/r/c")
+    assert "--ps_hosts=192.168.100.1:2222 " in command and "10.0.0.1" not in command
+
+
+def test_one_data_address_and_port_for_two_slots_is_rejected(tmp_path):
+    inventory = write(tmp_path, "hosts.yml", """
+worker:
+  hosts:
+    a: {ansible_host: 10.0.0.1, tfcluster_address: data1, tfcluster_port: 5000}
+    b: {ansible_host: 10.0.0.2, tfcluster_address: data1, tfcluster_port: 5000}
+""")
+    with pytest.raises(UsageError, match="host a and host b both use data1:5000"):
+        build_cluster(load_slots(inventory))
+
+
+def test_ports_are_allocated_per_data_address(tmp_path):
+    # Two SSH routes (e.g. port-forwarded containers) to hosts with their own data addresses,
+    # and two slots reaching one data address over different SSH routes.
+    inventory = write(tmp_path, "hosts.yml", """
+worker:
+  hosts:
+    a: {ansible_host: 127.0.0.1, ansible_port: 2201, tfcluster_address: node1}
+    b: {ansible_host: 10.0.0.9, tfcluster_address: node1}
+""")
+    assert build_cluster(load_slots(inventory)).jobs() == {"worker": ["node1:2222", "node1:2223"]}
+
+
+def test_ipv6_addresses_are_bracketed(tmp_path):
+    inventory = write(tmp_path, "hosts.yml",
+                      "worker:\n  hosts:\n    a: {ansible_host: 10.0.0.1, tfcluster_address: 'fd00::1'}\n")
+    assert build_cluster(load_slots(inventory)).jobs() == {"worker": ["[fd00::1]:2222"]}
+
+
+def test_sample_data_network_example_works_uncommented(tmp_path):
+    import os
+    import shutil
+    from conftest import REPO
+    sample = tmp_path / "sample"
+    shutil.copytree(os.path.join(REPO, "inventory", "sample"), sample)
+    hosts = (sample / "hosts.yml").read_text()
+    assert "# worker3: {" in hosts
+    (sample / "hosts.yml").write_text(hosts.replace("# worker3: {", "worker3: {"))
+    cluster = build_cluster(load_slots(str(sample)))
+    worker3 = [t for t in cluster.tasks if t.slot == "worker3"][0]
+    assert worker3.machine.address == "gpu03.cluster.example.com"
+    assert worker3.address == "gpu03-ib.cluster.example.com:2222"
+    with open(os.path.join(REPO, "README.md")) as handle:
+        assert "| `tfcluster_address` |" in handle.read()

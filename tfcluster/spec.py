@@ -159,9 +159,9 @@ def _check_unique_addresses(tasks):
         for key in _port_keys(task.machine):
             where = "%s:%d" % (key[1], task.port)
             if (key, task.port) in seen:
-                raise UsageError("%s and %s both use %s: give one of them another tfcluster_port"
-                                 % (seen[key, task.port], task.label, where))
-            seen[key, task.port] = task.label
+                raise UsageError("host %s and host %s both use %s: give one of them another "
+                                 "tfcluster_port" % (seen[key, task.port], task.slot, where))
+            seen[key, task.port] = task.slot
 
 
 def format_cluster_spec(jobs):
