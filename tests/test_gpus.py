@@ -152,9 +152,8 @@ def test_two_slots_listing_one_gpu_is_a_problem(tmp_path):
         "gpu01: w0 and w1 both list GPU 1 in tfcluster_gpus: give each slot its own GPUs"]
 
 
-def test_task_env_needs_a_decision():
+def test_task_env_before_assign_sets_no_devices():
     cluster = build_cluster(load_slots(SAMPLE))
     worker = cluster.find("worker:0")
     assert worker.cuda_visible_devices is None
-    with pytest.raises(ValueError, match="assign"):
-        gpus.task_env(worker, cluster)
+    assert gpus.task_env(worker, cluster) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

@@ -82,10 +82,13 @@ def problems(cluster, reports):
 
 
 def task_env(task, cluster):
-    """The GPU environment of TASK (after assign()): what it sees, numbered as nvidia-smi does."""
-    if task.cuda_visible_devices is None:
-        raise ValueError("%s has no GPU decision yet: call gpus.assign() first" % task.label)
-    env = {"CUDA_VISIBLE_DEVICES": task.cuda_visible_devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    """The GPU environment of TASK: what it sees, numbered as nvidia-smi does.
+
+    Call it on assign()'s cluster: before assign() a task without listed GPUs has no decision
+    and gets no CUDA_VISIBLE_DEVICES (it would see every GPU)."""
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if task.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = task.cuda_visible_devices
     if shares_gpu(task, cluster):
         # TensorFlow maps nearly all of a GPU's memory up front: two processes would not fit.
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
