@@ -1,9 +1,82 @@
 """The console: every line a launch or a management command shows goes through one reporter.
 
 `PlainReporter` prints today's prefixed lines (`[worker:1 10.0.0.12] ...`), which is what pipes,
-CI and `--plain` get. Other reporters (a live view) implement the same methods.
+CI and `--plain` get. `tfcluster.live.LiveReporter` implements the same methods as a live table;
+`tfcluster.live.make_reporter` picks one.
+
+Quiet by default: the lines in NOISE (TensorFlow's harmless start-up and shutdown chatter) stay in
+the log files but are not shown unless `verbose`. Raw TFCLUSTER_METRIC lines are not shown either:
+the plain reporter prints each point as a short readable line instead; TFCLUSTER_RESULT lines are
+shown as they are (they are the task's final word, and scripts grep for them).
 """
+import re
 import sys
+
+from trainers.protocol import parse_line
+
+# Each is harmless and says nothing about the run; matched anywhere in the line.
+NOISE = [re.compile(pattern) for pattern in (
+    # oneDNN and CPU instruction notices at import (and the notice's second line).
+    r"oneDNN custom operations are on",
+    r"cpu_feature_guard\.cc",
+    r"This TensorFlow binary is optimized to use available CPU instructions",
+    r"^To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler",
+    # absl's notice before logging is set up.
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    # CUDA libraries probed on a machine without a GPU.
+    r"Could not find cuda drivers on your machine",
+    r"Unable to register cu(DNN|FFT|BLAS) factory",
+    r"computation placer already registered",
+    r"TF-TRT Warning: Could not find TensorRT",
+    r"failed call to cuInit",
+    r"cuda_executor\.cc.*(NUMA node|successful NUMA)",
+    # gRPC server start (tfcluster prints its own "serving at" line).
+    r"grpc_server_lib\.cc.*Started server with target",
+    # Rendezvous, collective and coordination aborts while tasks shut down after success;
+    # a real failure shows in the task's exit status and its own error lines.
+    r"Local rendezvous is aborting with status: (ABORTED|OUT_OF_RANGE|CANCELLED)",
+    r"local_rendezvous\.cc.*(ABORTED|OUT_OF_RANGE|CANCELLED|End of sequence)",
+    r"Collective ops is aborted by",
+    r"collective_ops.*(Cancelled|CANCELLED|ABORTED)",
+    r"coordination_service_agent\.cc.*(Shutdown|shut down|heartbeat)",
+    # tf.data notices about generator datasets and iterators closed at the end.
+    r"dataset\.cc.*will not be optimized because the dataset does not implement",
+    r"OUT_OF_RANGE: End of sequence",
+    r"Your input ran out of data; interrupting training",
+    # Grappler's placement notes.
+    r"devices\.cc.*Number of eligible GPUs",
+    r"single_machine\.cc.*Starting new session",
+)]
+
+
+def is_noise(line):
+    return any(pattern.search(line) for pattern in NOISE)
+
+
+def is_metric(line):
+    """A well-formed TFCLUSTER_METRIC line (a malformed one is shown, so it can be fixed)."""
+    parsed = parse_line(line)
+    return parsed is not None and parsed[0] == "metric"
+
+
+def _point_order(item):
+    first = ("loss", "examples_per_s")
+    return (first.index(item[0]) if item[0] in first else len(first), item[0])
+
+
+def format_point(point):
+    """A metrics point as a short line: "step 120  loss 0.5300  840 examples/s  accuracy 0.81"."""
+    parts = ["step %s" % point.get("step", "?")]
+    for key, value in sorted(point.items(), key=_point_order):
+        if key in ("step", "time") or value is None:
+            continue
+        if key == "examples_per_s" and isinstance(value, (int, float)):
+            parts.append("%.0f examples/s" % value)
+        elif isinstance(value, float):
+            parts.append("%s %.4g" % (key, value))
+        else:
+            parts.append("%s %s" % (key, value))
+    return "  ".join(parts)
 
 
 class Reporter:
@@ -30,19 +103,26 @@ class Reporter:
     def task_restarted(self, task, restarts):
         """TASK was restarted; RESTARTS is how often so far."""
 
+    def set_target(self, steps):
+        """The global step the run trains to, when known: gives a % and an ETA."""
+
     def close(self):
         """The run is over: leave the terminal as a plain one."""
 
 
 class PlainReporter(Reporter):
-    def __init__(self, stream=None, prefix=True, echo=True):
+    def __init__(self, stream=None, prefix=True, echo=True, verbose=False):
         self.stream = stream or sys.stdout
         self.prefix = prefix
         self.echo = echo
+        self.verbose = verbose
 
     def _write(self, text):
         self.stream.write(text + "\n")
         self.stream.flush()
+
+    def _task_write(self, task, text):
+        self._write(("[%s %s] " % (task.label, task.machine.address) if self.prefix else "") + text)
 
     def note(self, message):
         self._write("tfcluster: " + message)
@@ -51,6 +131,13 @@ class PlainReporter(Reporter):
         self._write(text)
 
     def task_line(self, task, line):
-        if self.echo:
-            self._write(("[%s %s] " % (task.label, task.machine.address) if self.prefix else "")
-                        + line)
+        if not self.echo:
+            return
+        if not self.verbose and (is_noise(line) or is_metric(line)):
+            return
+        self._task_write(task, line)
+
+    def task_metric(self, task, point):
+        # Verbose mode already showed the raw line.
+        if self.echo and not self.verbose:
+            self._task_write(task, format_point(point))
