@@ -125,10 +125,13 @@ def write_record(runs_dir, name, data):
     (runs_dir / name / "run.json").write_text(data if isinstance(data, str) else json.dumps(data))
 
 
+GOOD_RUN = {"id": "good", "state": "succeeded", "created": "2026-01-02", "example": "mnist_replica",
+            "tasks": {}, "machines": []}
+
+
 def test_bad_run_folders_are_skipped_with_a_warning(tmp_path, capsys):
     runs_dir = tmp_path / "runs"
-    write_record(runs_dir, "good", {"id": "good", "state": "succeeded", "created": "2026-01-02",
-                                    "example": "mnist_replica", "tasks": {}, "machines": []})
+    write_record(runs_dir, "good", GOOD_RUN)
     write_record(runs_dir, "corrupt", '{"id": "corrupt", "sta')
     write_record(runs_dir, "a list", "[]")
     write_record(runs_dir, "wrong-shape", {"id": "wrong-shape", "created": "2026-01-03",
@@ -149,8 +152,7 @@ def test_bad_run_folders_are_skipped_with_a_warning(tmp_path, capsys):
 
 def test_bad_run_folders_do_not_break_the_commands(tmp_path, capsys):
     runs_dir = tmp_path / "runs"
-    write_record(runs_dir, "good", {"id": "good", "state": "succeeded", "created": "2026-01-02",
-                                    "example": "mnist_replica", "tasks": {}, "machines": []})
+    write_record(runs_dir, "good", GOOD_RUN)
     write_record(runs_dir, "corrupt", "{")
     write_record(runs_dir, "with space", "{}")
     for argv, code_wanted in ((["runs"], 0), (["status"], 0), (["logs"], 0), (["stop"], 2)):
