@@ -103,6 +103,14 @@ def build_parser():
                    help="set this in every task's environment (repeatable); the local "
                         "environment is not sent to remote hosts")
     p.add_argument("--cwd", help="with --cmd: working directory on the hosts")
+    p.add_argument("--plain", action="store_true",
+                   help="prefixed lines instead of the live table (the default when not a terminal)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show every line, TensorFlow's start-up and shutdown notices included")
+    p.add_argument("--logs", action="store_true", help="show the tasks' raw output streams")
+    p.add_argument("--baseline", action="store_true",
+                   help="first run the example as one task on one slot, then print the "
+                        "distribution efficiency")
     p.epilog = "Arguments after a bare -- go to the trainer, e.g. -- --train_steps=1000"
 
     p = sub.add_parser("spec", help="print the cluster spec per task")
@@ -128,6 +136,15 @@ def build_parser():
     p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
     p.add_argument("--grace", type=seconds, default=10.0)
     sub.add_parser("runs", help="list past and current runs")
+
+    p = sub.add_parser("plot", help="draw loss and examples/s of runs into one PNG")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, overlaid")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="PNG to write (default: RUN's metrics.png, or ./metrics-compare.png)")
+    p = sub.add_parser("tensorboard", help="serve runs' TensorBoard event files")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, each named by its id")
+    p.add_argument("--port", type=int, default=6006, help="default 6006")
+    p.add_argument("--host", help="address to listen on (default: TensorBoard's, localhost)")
 
     p = sub.add_parser("data", help="datasets")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=Parser)
@@ -263,6 +280,22 @@ def cmd_data(args):
     return 0
 
 
+def cmd_plot(args):
+    from tfcluster import plot, runs
+    run_dirs = [runs.load(args.runs_dir, run_id).dir for run_id in args.runs]
+    output = args.output or (os.path.join(run_dirs[0], "metrics.png") if len(run_dirs) == 1
+                             else "metrics-compare.png")
+    plot.write_png(run_dirs, output)
+    print("tfcluster: wrote %s" % output)
+    return 0
+
+
+def cmd_tensorboard(args):
+    from tfcluster import runs, tensorboard
+    tensorboard.serve([runs.load(args.runs_dir, run_id).dir for run_id in args.runs],
+                      args.port, args.host)
+
+
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
-            "data": cmd_data}
+            "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard}

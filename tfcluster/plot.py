@@ -1,0 +1,76 @@
+"""Pictures of runs: loss and examples/s against global step and time, one line per task.
+
+Headless (matplotlib's Agg backend): works over SSH and in CI.
+"""
+import os
+
+from tfcluster import metrics
+from tfcluster.errors import UsageError
+
+PANELS = (("loss", "step", "loss against global step"),
+          ("loss", "time", "loss against time"),
+          ("examples_per_s", "step", "examples/s against global step"),
+          ("examples_per_s", "time", "examples/s against time"))
+
+
+def _series(store):
+    """{task label: [records in time order]}, tasks sorted by label."""
+    by_task = {}
+    for record in sorted(store.records, key=lambda r: r["time"]):
+        by_task.setdefault(record["task"], []).append(record)
+    return dict(sorted(by_task.items()))
+
+
+def write_png(run_dirs, out_path):
+    """Draw the runs in RUN_DIRS into OUT_PATH; returns the legend labels drawn.
+
+    With several runs each label starts with the run id (the folder's name).
+    """
+    runs = [(os.path.basename(os.path.normpath(d)), _series(metrics.load(d))) for d in run_dirs]
+    empty = [run_id for run_id, series in runs if not series]
+    if empty:
+        raise UsageError("run %s has no metrics (no TFCLUSTER_METRIC points in its "
+                         "metrics.jsonl): nothing to plot" % ", ".join(empty))
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(2, 2, figsize=(12, 8))
+    labels = []
+    for run_id, series in runs:
+        start = min(records[0]["time"] for records in series.values())
+        for task, records in series.items():
+            label = task if len(runs) == 1 else "%s %s" % (run_id, task)
+            drawn = False
+            for axis, (value, against, _) in zip(axes.flat, PANELS):
+                points = [(r["step"] if against == "step" else r["time"] - start, r[value])
+                          for r in records
+                          if isinstance(r.get(value), (int, float)) and "step" in r]
+                if points:
+                    xs, ys = zip(*points)
+                    axis.plot(xs, ys, marker="." if len(points) < 30 else None, label=label)
+                    drawn = True
+            if drawn:
+                labels.append(label)
+    for axis, (value, against, title) in zip(axes.flat, PANELS):
+        axis.set_title(title)
+        axis.set_xlabel("global step" if against == "step" else "seconds since the first point")
+        axis.set_ylabel("loss" if value == "loss" else "examples/s")
+        axis.grid(True, alpha=0.3)
+        if axis.lines:
+            axis.legend(fontsize="small")
+    figure.suptitle(", ".join(run_id for run_id, _ in runs))
+    figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    figure.savefig(out_path, dpi=80)
+    pyplot.close(figure)
+    return labels
+
+
+def write_run_png(run_dir):
+    """RUN_DIR/metrics.png, for the end of a run; None (and no file) when it has no points."""
+    if not metrics.load(run_dir).records:
+        return None
+    path = os.path.join(run_dir, "metrics.png")
+    write_png([run_dir], path)
+    return path
