@@ -205,9 +205,12 @@ def _path(value, name, hostname):
     if not path.startswith("/"):
         raise UsageError("host %s: %s must be an absolute path, not %r: fix %s"
                          % (hostname, name, path, name))
-    if any(ord(c) < 32 or ord(c) == 127 for c in path) or ":" in path:
-        raise UsageError("host %s: %s %r contains a control character or ':' (PATH and "
-                         "PYTHONPATH separator): choose another path" % (hostname, name, path))
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        raise UsageError("host %s: %s %r contains a control character: choose another path"
+                         % (hostname, name, path))
+    if ":" in path and name in ("tfcluster_root", "tfcluster_python"):
+        raise UsageError("host %s: %s %r contains ':', which separates PYTHONPATH and PATH "
+                         "entries: choose another path" % (hostname, name, path))
     return path
 
 
