@@ -10,7 +10,7 @@ and print the test accuracy and loss.
 """
 import math
 
-from trainers import bootstrap, data
+from trainers import bootstrap, data, loop
 
 AGE_BOUNDARIES = [18.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0, 55.0, 60.0, 65.0]
 # Hash buckets of each categorical column (wide weights and deep embeddings alike).
@@ -41,7 +41,7 @@ def build_parser():
     parser.add_argument("--dnn_learning_rate", type=float, default=0.05, help="Adagrad, deep part")
     parser.add_argument("--drop_missing", action="store_true",
                         help="skip rows with a missing value '?' (default: '?' is a category)")
-    parser.add_argument("--log_every", type=int, default=100, help="local steps between log lines")
+    bootstrap.add_training_flags(parser)
     return parser
 
 
@@ -150,65 +150,30 @@ def feed(model, rows, labels):
     return values
 
 
-def evaluate(sess, model, dataset, eval_steps):
-    """Test accuracy and loss over the whole test set, in EVAL_STEPS batches."""
-    total = len(dataset.test_y)
-    size = int(math.ceil(total / float(max(1, eval_steps))))
-    loss_sum = correct = 0.0
-    for start in range(0, total, size):
-        rows, labels = dataset.test_x[start:start + size], dataset.test_y[start:start + size]
-        loss, acc = sess.run([model["loss"], model["accuracy"]], feed_dict=feed(model, rows, labels))
-        loss_sum += loss * len(labels)
-        correct += acc * len(labels)
-    return float(loss_sum / total), float(correct / total)
-
-
 def train(info, server, dataset, args):
     """The worker's loop; returns the results dict for the result line."""
-    import tensorflow as tf
-    v1 = tf.compat.v1
     model = build_model(dataset, args, info)
-    saver = v1.train.Saver(max_to_keep=2)
-    manager = bootstrap.session_manager()
-    config = bootstrap.session_config(info)
     bootstrap.log("Worker %d: initializing session..." % info.index)
-    sess = bootstrap.prepare_session(info, server, manager, v1.global_variables_initializer(),
-                                     saver, args.model_dir, config)
+    sess, saver = bootstrap.graph_session(info, server, args.model_dir)
     bootstrap.log("Worker %d: session initialization complete (wide %d, deep %d parameters)."
                   % (info.index, model["wide_params"], model["deep_params"]))
-    start_step = int(sess.run(model["global_step"]))
-    initial_loss, initial_acc = evaluate(sess, model, dataset, args.eval_steps)
-    bootstrap.log("Before training (global step %d): test accuracy %.4f, loss %.4f"
-                  % (start_step, initial_acc, initial_loss))
-    shard = dataset.shard(info.index, info.num_workers)
-    batches = data.batches(shard.train_x, shard.train_y, args.batch_size, seed=info.index)
-    timer = bootstrap.Timer()
-    local_step, step = 0, start_step
-    while step < args.train_steps:
-        rows, labels = next(batches)
-        _, loss = sess.run([model["train_op"], model["loss"]], feed_dict=feed(model, rows, labels))
-        local_step += 1
-        step = int(sess.run(model["global_step"]))
-        if local_step % args.log_every == 0:
-            bootstrap.log("Worker %d: local step %d, global step %d, batch loss %.4f"
-                          % (info.index, local_step, step, loss))
-    elapsed = timer.seconds
+    # The test set in --eval_steps batches (1: all at once).
+    eval_batch = int(math.ceil(len(dataset.test_y) / float(max(1, args.eval_steps))))
+    progress, evaluate = loop.train_replica(
+        info, sess, saver, args, model, dataset, args.train_steps,
+        feed=lambda batch: feed(model, *batch), eval_batch_size=eval_batch)
     if info.is_chief:
-        bootstrap.save_checkpoint(sess, saver, args.model_dir, step)
-    loss, acc = evaluate(sess, model, dataset, args.eval_steps)
+        bootstrap.save_checkpoint(sess, saver, args.model_dir, progress.step)
+    loss, acc = evaluate()
     majority = max(dataset.test_y.mean(), 1.0 - dataset.test_y.mean())
     bootstrap.log("Worker %d: after %d global steps (%d local, %.2f s), on the %s test set "
                   "(%d rows): accuracy: %.4f  loss: %.4f  (majority class: %.4f)"
-                  % (info.index, step, local_step, elapsed, dataset.name, len(dataset.test_y),
-                     acc, loss, majority))
-    return {"task": info.label, "dataset": dataset.name, "synthetic": dataset.name != "census",
-            "start_step": start_step, "global_step": step, "local_steps": local_step,
-            "initial_loss": initial_loss, "loss": loss, "initial_accuracy": initial_acc,
-            "accuracy": acc, "majority_accuracy": float(majority),
-            "test_rows": int(len(dataset.test_y)), "eval_steps": args.eval_steps,
-            "wide_params": model["wide_params"], "deep_params": model["deep_params"],
-            "train_time_s": round(elapsed, 3),
-            "examples_per_s": round(local_step * args.batch_size / max(elapsed, 1e-9), 1)}
+                  % (info.index, progress.step, progress.local_steps, progress.elapsed,
+                     dataset.name, len(dataset.test_y), acc, loss, majority))
+    return progress.result(loss, acc, dataset=dataset.name, synthetic=dataset.name != "census",
+                           majority_accuracy=float(majority),
+                           test_rows=int(len(dataset.test_y)), eval_steps=args.eval_steps,
+                           wide_params=model["wide_params"], deep_params=model["deep_params"])
 
 
 def run(argv):
@@ -216,7 +181,7 @@ def run(argv):
     info = bootstrap.cluster_from_args(args)
     return bootstrap.run_between_graph(
         info, lambda: load_dataset(args),
-        lambda info, server, dataset: train(info, server, dataset, args))
+        lambda info, server, dataset: train(info, server, dataset, args), seed=args.seed)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,9 @@ before it exits, so no worker is left talking to a master that is gone.
 
 The model: one hidden ReLU layer and softmax, gradient descent on the averaged gradient.
 """
-import math
-
-from trainers import bootstrap, data
+from trainers import bootstrap, data, loop, models
 
 MASTER_JOB = "chief"
-VARIABLE_OPS = ("Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable")
 
 
 def build_parser():
@@ -43,12 +40,11 @@ def build_parser():
     parser.add_argument("--learning_rate", type=float, default=0.5,
                         help="gradient descent step size")
     parser.add_argument("--hidden_units", type=int, default=100)
-    parser.add_argument("--log_every", type=int, default=50,
-                        help="the master logs the workers' contributions every N steps")
     parser.add_argument("--step_timeout_secs", type=float, default=600.0,
                         help="longest wait for a gradient or a token before giving up")
     parser.add_argument("--finish_wait_secs", type=float, default=120.0,
                         help="how long the master waits for the workers to finish at the end")
+    bootstrap.add_training_flags(parser)
     bootstrap.add_checkpoint_flags(parser)
     return parser
 
@@ -57,42 +53,23 @@ def master_device():
     return "/job:%s/task:0" % MASTER_JOB
 
 
-def split_placement(variable_device, compute_device):
-    """Device function: variables on VARIABLE_DEVICE, every other op on COMPUTE_DEVICE."""
-    def place(op):
-        node = op.node_def if hasattr(op, "node_def") else op
-        return variable_device if node.op in VARIABLE_OPS else compute_device
-    return place
-
-
 def build_model(dataset, args, info):
     """Parameters and counters on the master; the network computed on this task."""
     import tensorflow as tf
     v1 = tf.compat.v1
-    inputs = int(dataset.train_x.shape[1])
     num_workers = info.num_workers
     model = {"num_workers": num_workers}
-    with v1.device(split_placement(master_device(), info.device)):
+    with v1.device(models.variables_on(master_device(), info.device)):
         global_step = v1.train.get_or_create_global_step()
-        w1 = v1.Variable(v1.truncated_normal([inputs, args.hidden_units],
-                                             stddev=1.0 / math.sqrt(inputs)), name="hid_w")
-        b1 = v1.Variable(v1.zeros([args.hidden_units]), name="hid_b")
-        w2 = v1.Variable(v1.truncated_normal([args.hidden_units, dataset.num_classes],
-                                             stddev=1.0 / math.sqrt(args.hidden_units)),
-                         name="sm_w")
-        b2 = v1.Variable(v1.zeros([dataset.num_classes]), name="sm_b")
-        params = [w1, b1, w2, b2]
+        x = v1.placeholder(tf.float32, [None, int(dataset.train_x.shape[1])], name="x")
+        y = v1.placeholder(tf.int64, [None], name="y")
+        logits, params = models.mlp_logits(x, args.hidden_units, dataset.num_classes)
+        loss, accuracy = models.xent_and_accuracy(logits, y)
         contributions = [v1.Variable(tf.constant(0, tf.int64), trainable=False,
                                      name="contributions_worker_%d" % i)
                          for i in range(num_workers)]
         fresh = [v1.Variable(tf.constant(0, tf.int64), trainable=False,
                              name="fresh_worker_%d" % i) for i in range(num_workers)]
-        x = v1.placeholder(tf.float32, [None, inputs], name="x")
-        y = v1.placeholder(tf.int64, [None], name="y")
-        logits = tf.matmul(tf.nn.relu(tf.matmul(x, w1) + b1), w2) + b2
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
-                                                                             logits=logits))
-        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
     model.update(global_step=global_step, params=params, contributions=contributions,
                  fresh=fresh, x=x, y=y, loss=loss, accuracy=accuracy)
 
@@ -152,12 +129,6 @@ def build_apply(args, model, grad_queues, token_queues):
     return {"apply_step": new_step, "stamps": tf.stack(stamps), "worker_losses": tf.stack(losses)}
 
 
-def evaluate(sess, model, dataset):
-    feed = {model["x"]: dataset.test_x, model["y"]: dataset.test_y}
-    loss, acc = sess.run([model["loss"], model["accuracy"]], feed_dict=feed)
-    return float(loss), float(acc)
-
-
 def session_config(info):
     """Each task talks to the master and itself only (a worker never waits on the other one)."""
     config = bootstrap.session_config(info, device_filters=False)
@@ -176,99 +147,90 @@ def counters(sess, model):
             {"worker:%d" % i: int(f) for i, f in enumerate(fresh)})
 
 
-def train_master(info, sess, saver, model, dataset, args):
+def train_master(info, sess, saver, model, dataset, args, evaluate):
     """The master's loop: apply until the target step, save, wait for the workers' `done`."""
     import tensorflow as tf
     start_step = int(sess.run(model["global_step"]))
-    initial_loss, initial_acc = evaluate(sess, model, dataset)
+    progress = loop.Progress(info, args, args.batch_size * model["num_workers"], start_step,
+                             *evaluate(), expected_steps=args.train_steps - start_step)
     bootstrap.log("Master: waiting for %d workers' gradients from global step %d to %d "
                   "(initial loss %.4f)" % (model["num_workers"], start_step, args.train_steps,
-                                           initial_loss))
-    timer = bootstrap.Timer()
-    step, applied = start_step, 0
-    options = run_options(args.step_timeout_secs)
+                                           progress.initial_loss))
+    step, options = start_step, run_options(args.step_timeout_secs)
+    fetches = [model["apply_step"], model["stamps"], model["worker_losses"]]
     while step < args.train_steps:
-        step, stamps, losses = sess.run(
-            [model["apply_step"], model["stamps"], model["worker_losses"]], options=options)
-        step, applied = int(step), applied + 1
-        if applied % args.log_every == 0 or step >= args.train_steps:
+        if progress.devices is None:
+            (step, stamps, losses), stats = models.traced_run(sess, fetches)
+            progress.devices = models.placed_devices(stats, info.device)
+        else:
+            step, stamps, losses = sess.run(fetches, options=options)
+        progress.tick(step, float(losses.mean()))
+        if progress.local_steps % progress.log_every == 0 or progress.step >= args.train_steps:
             bootstrap.log("Master: step %d applied the average of %s (computed at step %s), "
                           "worker losses %s" % (step, ", ".join("worker:%d" % i
                                                                 for i in range(len(stamps))),
                                                 "/".join(str(int(s)) for s in stamps),
                                                 " ".join("%.4f" % v for v in losses)))
-        if args.save_every_steps and applied % args.save_every_steps == 0:
+        if args.save_every_steps and progress.local_steps % args.save_every_steps == 0:
             bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step)
-    elapsed = timer.seconds
+    progress.stop()
     contributions, fresh = counters(sess, model)
     bootstrap.log("Master: %d steps in %.2fs; contributions %s; fresh %s"
-                  % (applied, elapsed, contributions, fresh))
-    results = {"role": "master", "applied_steps": applied, "contributions": contributions,
-               "fresh": fresh}
-    path = bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step)
-    if path:
-        results["checkpoint_step"] = step
-    final_loss, accuracy = evaluate(sess, model, dataset)
+                  % (progress.local_steps, progress.elapsed, contributions, fresh))
+    extras = {"role": "master", "applied_steps": progress.local_steps,
+              "contributions": contributions, "fresh": fresh}
+    if bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step):
+        extras["checkpoint_step"] = progress.step
+    loss, accuracy = evaluate()
     try:
         sess.run(model["wait_done"], options=run_options(args.finish_wait_secs))
-        results["workers_finished"] = True
+        extras["workers_finished"] = True
     except tf.errors.DeadlineExceededError:
         bootstrap.log("WARNING: not every worker finished within %gs" % args.finish_wait_secs)
-        results["workers_finished"] = False
-    bootstrap.log("Master: test accuracy %.4f, test loss %.4f" % (accuracy, final_loss))
-    results.update(start_step=start_step, global_step=step, accuracy=accuracy,
-                   initial_accuracy=initial_acc, final_xent=final_loss, initial_xent=initial_loss,
-                   train_time_s=round(elapsed, 3),
-                   examples_per_s=round(applied * args.batch_size * model["num_workers"]
-                                        / max(elapsed, 1e-9), 1))
-    return results
+        extras["workers_finished"] = False
+    bootstrap.log("Master: test accuracy %.4f, test loss %.4f" % (accuracy, loss))
+    return progress.result(loss, accuracy, **extras)
 
 
-def train_worker(info, sess, model, dataset, args):
+def train_worker(info, sess, model, dataset, args, evaluate):
     """A worker's loop: send one gradient, wait for the token, until the target step."""
     start_step = int(sess.run(model["global_step"]))
-    initial_loss, initial_acc = evaluate(sess, model, dataset)
+    progress = loop.Progress(info, args, args.batch_size, start_step, *evaluate(),
+                             expected_steps=args.train_steps - start_step)
     shard = dataset.shard(info.index, info.num_workers)
-    batches = data.batches(shard.train_x, shard.train_y, args.batch_size, seed=info.index)
+    batches = data.batches(shard.train_x, shard.train_y, args.batch_size,
+                           seed=(args.seed, info.index))
     options = run_options(args.step_timeout_secs)
-    timer = bootstrap.Timer()
-    step, local_steps = start_step, 0
+    step, feed = start_step, loop.feeder(model)
     while step < args.train_steps:
-        batch_x, batch_y = next(batches)
-        step = int(sess.run(model["step"], feed_dict={model["x"]: batch_x, model["y"]: batch_y},
-                            options=options))
-        local_steps += 1
-        if local_steps % args.log_every == 0:
-            bootstrap.log("Worker %d: sent %d gradients; global step %d"
-                          % (info.index, local_steps, step))
-    elapsed = timer.seconds
-    final_loss, accuracy = evaluate(sess, model, dataset)
+        fetches, feed_dict = [model["step"], model["loss"]], feed(next(batches))
+        if progress.devices is None:
+            (step, loss), stats = models.traced_run(sess, fetches, feed_dict)
+            progress.devices = models.placed_devices(stats, info.device)
+        else:
+            step, loss = sess.run(fetches, feed_dict=feed_dict, options=options)
+        progress.tick(step, loss)
+    progress.stop()
+    loss, accuracy = evaluate()
     contributions, fresh = counters(sess, model)
     sess.run(model["done"], options=run_options(args.finish_wait_secs))
     bootstrap.log("Worker %d: sent %d gradients in %.2fs; test accuracy %.4f, test loss %.4f"
-                  % (info.index, local_steps, elapsed, accuracy, final_loss))
-    return {"role": "worker", "start_step": start_step, "global_step": step,
-            "local_steps": local_steps, "contributions": contributions[info.label],
-            "fresh": fresh[info.label], "accuracy": accuracy, "initial_accuracy": initial_acc,
-            "final_xent": final_loss, "initial_xent": initial_loss,
-            "train_time_s": round(elapsed, 3),
-            "examples_per_s": round(local_steps * args.batch_size / max(elapsed, 1e-9), 1)}
+                  % (info.index, progress.local_steps, progress.elapsed, accuracy, loss))
+    return progress.result(loss, accuracy, role="worker",
+                           contributions=contributions[info.label], fresh=fresh[info.label])
 
 
 def train(info, server, dataset, args):
-    import tensorflow as tf
-    v1 = tf.compat.v1
     model = build_model(dataset, args, info)
-    saver = v1.train.Saver(max_to_keep=2)
-    sess = bootstrap.prepare_session(info, server, bootstrap.session_manager(),
-                                     v1.global_variables_initializer(), saver,
-                                     args.checkpoint_dir, session_config(info))
+    sess, saver = bootstrap.graph_session(info, server, args.checkpoint_dir,
+                                          config=session_config(info))
+    evaluate = loop.test_evaluator(sess, model, dataset)
     if info.job == MASTER_JOB:
-        results = train_master(info, sess, saver, model, dataset, args)
+        results = train_master(info, sess, saver, model, dataset, args, evaluate)
     else:
-        results = train_worker(info, sess, model, dataset, args)
+        results = train_worker(info, sess, model, dataset, args, evaluate)
     sess.close()
-    results.update(task=info.label, dataset=dataset.name, num_workers=info.num_workers,
+    results.update(dataset=dataset.name, num_workers=info.num_workers,
                    batch_size=args.batch_size, target_step=args.train_steps)
     return results
 
@@ -285,6 +247,7 @@ def run(argv):
     dataset = data.load_images(args.dataset, args.data_dir)
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
+    bootstrap.seed_everything(args.seed)
     server = bootstrap.start_server(info, session_config(info))
     bootstrap.report(train(info, server, dataset, args))
     return 0

@@ -104,6 +104,7 @@ class Progress:
         self.local_steps = 0
         self.elapsed = None
         self.devices = None  # where TensorFlow ran this task's compute, once known
+        self.step_stats = None
         self.board = Scalars.for_task(name or (info.name if info is not None else "local"))
         self.timer = bootstrap.Timer()
         self._last = (self.timer.seconds, 0, self.start_step)
@@ -125,6 +126,7 @@ class Progress:
             if self.chief:
                 scalars["global_steps_per_s"] = (int(step) - global_step) / (now - since)
         self._last = (now, self.local_steps, int(step))
+        rate = round(rate, 1) if rate is not None else None
         protocol.report_metric(step, loss, rate, **scalars)
         self.board.add(step, loss=loss, examples_per_s=rate, **scalars)
 
@@ -158,7 +160,8 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
 
     MODEL: "global_step", "loss", "accuracy", and "step_after" (the global step read after this
     task's update) or "train_op"; FEED(batch) -> feed_dict (default: "x" and "y"). The first
-    step runs traced: Progress.devices says where TensorFlow ran this task's compute."""
+    step runs traced: Progress.devices says where TensorFlow ran this task's compute, and
+    Progress.step_stats where every node ran."""
     feed = feed or feeder(model)
     evaluate_fn = test_evaluator(sess, model, dataset, feed, eval_batch_size)
     shard = dataset.shard(info.index, info.num_workers)
@@ -173,16 +176,16 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
     while step < target:
         feed_dict = feed(next(batches))
         if progress.devices is None:
-            (loss, step), stats = models.traced_run(sess, fetches, feed_dict)
-            progress.devices = models.placed_devices(stats, info.device)
+            (loss, step), progress.step_stats = models.traced_run(sess, fetches, feed_dict)
+            progress.devices = models.placed_devices(progress.step_stats, info.device)
         else:
             loss, step = sess.run(fetches, feed_dict=feed_dict)
         if "step_after" not in model:
             # A fresh read: the step fetched with train_op may predate this update (#11753).
             step = sess.run(model["global_step"])
         progress.tick(step, loss)
-        if (info.is_chief and args.save_every_steps
-                and progress.local_steps % args.save_every_steps == 0):
+        every = getattr(args, "save_every_steps", 0)
+        if info.is_chief and every and progress.local_steps % every == 0:
             bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step)
     progress.stop()
     return progress, evaluate_fn

@@ -14,7 +14,7 @@ a sigmoid network in 20 epochs). At the end every worker prints `Test-Accuracy`,
 """
 import math
 
-from trainers import bootstrap, data
+from trainers import bootstrap, data, loop, models
 
 
 def build_parser():
@@ -29,9 +29,9 @@ def build_parser():
     parser.add_argument("--learning_rate", type=float, default=0.5,
                         help="gradient descent step size")
     parser.add_argument("--hidden_units", type=int, default=100)
-    parser.add_argument("--log_every", type=int, default=100, help="log every N local steps")
     parser.add_argument("--finish_wait_secs", type=float, default=120.0,
                         help="how long the chief waits for the other workers before its final save")
+    bootstrap.add_training_flags(parser)
     bootstrap.add_checkpoint_flags(parser)
     return parser
 
@@ -51,28 +51,16 @@ def build_model(dataset, args, info):
     """Variables on the ps tasks, computation on this worker. Returns a dict of tensors/ops."""
     import tensorflow as tf
     v1 = tf.compat.v1
-    inputs = int(dataset.train_x.shape[1])
     setter = v1.train.replica_device_setter(worker_device=info.device,
                                             ps_device="/job:ps/cpu:0",
                                             cluster=info.cluster_spec())
     with v1.device(setter):
         global_step = v1.train.get_or_create_global_step()
-        x = v1.placeholder(tf.float32, [None, inputs], name="x")
+        x = v1.placeholder(tf.float32, [None, int(dataset.train_x.shape[1])], name="x")
         y = v1.placeholder(tf.int64, [None], name="y")
-        with v1.variable_scope("hidden"):
-            w1 = v1.Variable(v1.random_normal([inputs, args.hidden_units],
-                                              stddev=1.0 / math.sqrt(inputs)), name="weights")
-            b1 = v1.Variable(v1.zeros([args.hidden_units]), name="biases")
-        with v1.variable_scope("softmax"):
-            w2 = v1.Variable(v1.random_normal([args.hidden_units, dataset.num_classes],
-                                              stddev=1.0 / math.sqrt(args.hidden_units)),
-                             name="weights")
-            b2 = v1.Variable(v1.zeros([dataset.num_classes]), name="biases")
-        hidden = tf.sigmoid(tf.matmul(x, w1) + b1)
-        logits = tf.matmul(hidden, w2) + b2
-        cost = tf.reduce_mean(
-            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-        accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.float32))
+        logits, _ = models.mlp_logits(x, args.hidden_units, dataset.num_classes,
+                                      activation=tf.sigmoid, init="random_normal")
+        cost, accuracy = models.xent_and_accuracy(logits, y)
         train_op = v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
             cost, global_step=global_step)
         with v1.control_dependencies([train_op]):
@@ -84,14 +72,8 @@ def build_model(dataset, args, info):
         done = done_queue.enqueue(tf.constant(info.index, tf.int32))
         others = max(0, info.num_workers - 1)
         wait_done = done_queue.dequeue_many(others) if others else tf.no_op()
-    return {"global_step": global_step, "x": x, "y": y, "cost": cost, "accuracy": accuracy,
+    return {"global_step": global_step, "x": x, "y": y, "loss": cost, "accuracy": accuracy,
             "train_op": train_op, "step_after": step_after, "done": done, "wait_done": wait_done}
-
-
-def evaluate(sess, model, dataset):
-    feed = {model["x"]: dataset.test_x, model["y"]: dataset.test_y}
-    cost, acc = sess.run([model["cost"], model["accuracy"]], feed_dict=feed)
-    return float(cost), float(acc)
 
 
 def wait_for_others(sess, model, seconds):
@@ -109,60 +91,28 @@ def wait_for_others(sess, model, seconds):
 
 def train(info, server, dataset, args):
     """One worker's loop; returns the results dict for the result line."""
-    import tensorflow as tf
-    v1 = tf.compat.v1
     model = build_model(dataset, args, info)
-    saver = v1.train.Saver(max_to_keep=2)
-    manager = bootstrap.session_manager()
-    config = bootstrap.session_config(info)
-    sess = bootstrap.prepare_session(info, server, manager, v1.global_variables_initializer(),
-                                     saver, args.checkpoint_dir, config)
+    sess, saver = bootstrap.graph_session(info, server, args.checkpoint_dir)
     target = target_step(dataset, args)
-    per_epoch = steps_per_epoch(dataset, args.batch_size)
-    start_step = int(sess.run(model["global_step"]))
-    initial_cost, initial_acc = evaluate(sess, model, dataset)
-    bootstrap.log("Worker %d: starting at global step %d of %d (initial cost %.4f)"
-                  % (info.index, start_step, target, initial_cost))
-
-    shard = dataset.shard(info.index, info.num_workers)
-    batches = data.batches(shard.train_x, shard.train_y, args.batch_size, seed=info.index)
-    timer = bootstrap.Timer()
-    local_step, step, batch_cost = 0, start_step, float("nan")
-    while step < target:
-        batch_x, batch_y = next(batches)
-        feed = {model["x"]: batch_x, model["y"]: batch_y}
-        batch_cost, step = sess.run([model["cost"], model["step_after"]], feed_dict=feed)
-        step = int(step)
-        local_step += 1
-        if local_step % args.log_every == 0:
-            bootstrap.log("Step: %d, Epoch: %2d, Batch: %3d of %3d, Cost: %.4f, AvgTime: %3.2fms"
-                          % (step, step // per_epoch + 1, step % per_epoch, per_epoch,
-                             batch_cost, 1000.0 * timer.seconds / local_step))
-        if info.is_chief and args.save_every_steps and local_step % args.save_every_steps == 0:
-            bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step)
-    elapsed = timer.seconds
-
-    results = {"task": info.label, "dataset": dataset.name, "start_step": start_step,
-               "target_step": target, "local_steps": local_step, "batch_size": args.batch_size,
-               "learning_rate": args.learning_rate}
+    bootstrap.log("Worker %d: training to global step %d (%d per epoch)"
+                  % (info.index, target, steps_per_epoch(dataset, args.batch_size)))
+    progress, evaluate = loop.train_replica(info, sess, saver, args, model, dataset, target)
+    extras = {"dataset": dataset.name, "target_step": target, "batch_size": args.batch_size,
+              "learning_rate": args.learning_rate}
     if info.is_chief:
-        results["others_finished"] = wait_for_others(sess, model, args.finish_wait_secs)
+        extras["others_finished"] = wait_for_others(sess, model, args.finish_wait_secs)
         step = int(sess.run(model["global_step"]))
         if bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step):
-            results["checkpoint_step"] = step
-    final_cost, accuracy = evaluate(sess, model, dataset)
+            extras["checkpoint_step"] = step
+    final_cost, accuracy = evaluate()
     step = int(sess.run(model["global_step"]))
     if not info.is_chief:
         sess.run(model["done"])
     bootstrap.log("Test-Accuracy: %2.4f" % accuracy)
-    bootstrap.log("Total Time: %3.2fs" % elapsed)
+    bootstrap.log("Total Time: %3.2fs" % progress.elapsed)
     bootstrap.log("Final Cost: %.4f" % final_cost)
-    results.update(global_step=step, accuracy=accuracy, initial_accuracy=initial_acc,
-                   final_cost=final_cost, initial_cost=initial_cost,
-                   train_time_s=round(elapsed, 3),
-                   examples_per_s=round(local_step * args.batch_size / max(elapsed, 1e-9), 1))
     sess.close()
-    return results
+    return progress.result(final_cost, accuracy, global_step=step, **extras)
 
 
 def run(argv):
@@ -170,7 +120,7 @@ def run(argv):
     info = bootstrap.cluster_from_args(args)
     return bootstrap.run_between_graph(
         info, lambda: data.load_images(args.dataset, args.data_dir),
-        lambda info, server, dataset: train(info, server, dataset, args))
+        lambda info, server, dataset: train(info, server, dataset, args), seed=args.seed)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ session there; without one it runs in-process. The chief checkpoints; a new run 
 --checkpoint_dir resumes from the saved global step.
 """
 
-from trainers import bootstrap, data
+from trainers import bootstrap, data, loop, models
 
 KERNEL = 5
 CONV_DEPTHS = (16, 32)
@@ -34,6 +34,7 @@ def build_parser():
                         help="training examples held out for validation (at most a fifth)")
     parser.add_argument("--padding", choices=["auto", "valid", "same"], default="auto",
                         help="auto: VALID as the seed for 28x28 images, SAME for 8x8 digits")
+    bootstrap.add_training_flags(parser)
     bootstrap.add_checkpoint_flags(parser)
     return parser
 
@@ -160,28 +161,20 @@ def split_feed(model, batch_x, batch_y, keep_prob=None):
     return feed
 
 
-def evaluate(sess, model, x, y, batch_size):
-    """Accuracy and cross entropy on (x, y), through the first tower, without dropout."""
+def evaluator(sess, model, x, y, batch_size):
+    """EVALUATE() -> (cross entropy, accuracy) on (x, y) through the first tower, no dropout."""
     tower = model["towers"][0]
-    total_acc = total_xent = 0.0
-    for start in range(0, len(x), batch_size):
-        bx, by = x[start:start + batch_size], y[start:start + batch_size]
-        acc, xent = sess.run([model["accuracy"], model["xent"]],
-                             feed_dict={tower["x"]: bx, tower["y"]: by})
-        total_acc += acc * len(bx)
-        total_xent += xent * len(bx)
-    return total_acc / max(len(x), 1), total_xent / max(len(x), 1)
+    return lambda: tuple(loop.evaluate(sess, [model["xent"], model["accuracy"]],
+                                       lambda b: {tower["x"]: b[0], tower["y"]: b[1]},
+                                       x, y, batch_size))
 
 
 def traced_step(sess, model, feed):
-    """Run one training step traced; returns {tower: [devices that ran its computation]}."""
+    """Run one training step traced: ({tower: [devices that ran its computation]}, step stats)."""
     import tensorflow as tf
-    v1 = tf.compat.v1
-    metadata = v1.RunMetadata()
-    sess.run(model["train_op"], feed_dict=feed, run_metadata=metadata,
-             options=v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE))
+    _, stats = models.traced_run(sess, model["train_op"], feed)
     observed = {}
-    for dev in metadata.step_stats.dev_stats:
+    for dev in stats.dev_stats:
         spec = tf.DeviceSpec.from_string(dev.device)
         if not spec.device_type:
             continue
@@ -191,7 +184,7 @@ def traced_step(sess, model, feed):
             if tower.startswith("tower") and "ReadVariableOp" not in node.node_name:
                 name = "%s:%d" % (spec.device_type, spec.device_index or 0)
                 observed.setdefault(tower, set()).add(name)
-    return {tower: sorted(devices) for tower, devices in sorted(observed.items())}
+    return {tower: sorted(devices) for tower, devices in sorted(observed.items())}, stats
 
 
 def split_validation(dataset, size):
@@ -221,51 +214,50 @@ def train(info, target, dataset, args, device_type, devices):
                                    saver=saver, checkpoint_dir=args.checkpoint_dir or None,
                                    config=config)
     train_x, train_y, valid_x, valid_y = split_validation(dataset, args.validation_size)
+    validate = evaluator(sess, model, valid_x, valid_y, args.batch_size)
     per_epoch = max(1, len(train_x) // args.batch_size)
     target_step = args.epochs * per_epoch
     start_step = int(sess.run(model["global_step"]))
-    initial_acc, initial_xent = evaluate(sess, model, valid_x, valid_y, args.batch_size)
+    progress = loop.Progress(info, args, args.batch_size, start_step, *validate(),
+                             expected_steps=target_step - start_step)
     bootstrap.log("Training on %d %s tower(s): %s; %d steps per epoch of batch %d, from step %d"
                   % (len(devices), device_type, ", ".join(model["devices"]), per_epoch,
                      args.batch_size, start_step))
-    batches = data.batches(train_x, train_y, args.batch_size, seed=start_step)
+    batches = data.batches(train_x, train_y, args.batch_size, seed=(args.seed, start_step))
     cost_time, step, history, observed = 0.0, start_step, [], None
     while step < target_step:
         timer = bootstrap.Timer()
         epoch_end = min(target_step, (step // per_epoch + 1) * per_epoch)
         while step < epoch_end:
-            batch_x, batch_y = next(batches)
-            feed = split_feed(model, batch_x, batch_y, args.keep_prob)
+            feed = split_feed(model, *next(batches), keep_prob=args.keep_prob)
             if observed is None:
                 # The first step runs traced: which devices ran each tower's ops.
-                observed = traced_step(sess, model, feed)
+                observed, stats = traced_step(sess, model, feed)
+                progress.devices = models.placed_devices(stats)
+                loss = None
             else:
-                sess.run(model["train_op"], feed_dict=feed)
+                _, loss = sess.run([model["train_op"], model["loss"]], feed_dict=feed)
             step += 1  # a single task: nobody else moves the global step
+            progress.tick(step, loss)
         cost_time += timer.seconds
-        accuracy, _ = evaluate(sess, model, valid_x, valid_y, args.batch_size)
+        valid_loss, accuracy = validate()
         history.append(round(float(accuracy), 4))
+        progress.point(step, valid_loss, accuracy=accuracy)
         bootstrap.log("EPOCH %d ..." % (step // per_epoch))
         bootstrap.log("Validation Accuracy = %.3f" % accuracy)
+    progress.stop()
     bootstrap.log("Cost time: %s sec." % cost_time)
-    results = {"task": info.label if info else "local", "dataset": dataset.name,
-               "towers": len(devices), "device_type": device_type, "devices": model["devices"],
-               "padding": padding, "batch_size": args.batch_size, "start_step": start_step,
-               "global_step": step, "validation_accuracy": history,
-               "tower_devices_observed": observed}
+    extras = {"dataset": dataset.name, "towers": len(devices), "device_type": device_type,
+              "tower_devices": model["devices"], "padding": padding,
+              "batch_size": args.batch_size, "validation_accuracy": history,
+              "tower_devices_observed": observed, "cost_time_s": round(cost_time, 3)}
     if (info is None or info.is_chief) and bootstrap.save_checkpoint(
             sess, saver, args.checkpoint_dir, step):
-        results["checkpoint_step"] = step
-    final_acc, final_xent = evaluate(sess, model, valid_x, valid_y, args.batch_size)
-    test_acc, _ = evaluate(sess, model, dataset.test_x, dataset.test_y, args.batch_size)
-    steps = step - start_step
-    results.update(accuracy=float(final_acc), initial_accuracy=float(initial_acc),
-                   test_accuracy=float(test_acc), final_xent=float(final_xent),
-                   initial_xent=float(initial_xent), cost_time_s=round(cost_time, 3),
-                   train_time_s=round(cost_time, 3),
-                   examples_per_s=round(steps * args.batch_size / max(cost_time, 1e-9), 1))
+        extras["checkpoint_step"] = step
+    # The result's loss and accuracy are on the test set, which training never saw.
+    loss, accuracy = evaluator(sess, model, dataset.test_x, dataset.test_y, args.batch_size)()
     sess.close()
-    return results
+    return progress.result(loss, accuracy, **extras)
 
 
 def has_cluster(args):
@@ -283,6 +275,7 @@ def run(argv):
     import tensorflow as tf
     device_type, devices = make_devices(args.num_devices)  # before anything touches devices
     tf.compat.v1.disable_eager_execution()
+    bootstrap.seed_everything(args.seed)
     if info is not None:
         server = bootstrap.start_server(info, device_config(bootstrap.session_config(info)))
         target = server.target

@@ -9,6 +9,16 @@
 import contextlib
 import math
 
+VARIABLE_OPS = ("Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable")
+
+
+def variables_on(variable_device, compute_device):
+    """Device function: variables on VARIABLE_DEVICE, every other op on COMPUTE_DEVICE."""
+    def place(op):
+        node = op.node_def if hasattr(op, "node_def") else op
+        return variable_device if node.op in VARIABLE_OPS else compute_device
+    return place
+
 
 def dense_layer(x, units, name, activation=None, init="truncated_normal"):
     """NAME/weights (normal, stddev 1/sqrt(fan-in)) and NAME/biases (zeros); (output, [w, b])."""
@@ -51,6 +61,15 @@ def xent_and_accuracy(logits, labels):
     return xent, accuracy
 
 
+def add_classifier_flags(parser, steps_help):
+    """The TF2 strategy examples' flags: the Classifier and its plain-SGD loop."""
+    parser.add_argument("--hidden_units", type=int, default=100)
+    parser.add_argument("--train_steps", type=int, default=1000, help=steps_help)
+    parser.add_argument("--batch_size", type=int, default=100, help="global batch per step")
+    parser.add_argument("--learning_rate", type=float, default=0.1, help="plain SGD")
+    return parser
+
+
 def make_classifier(tf, inputs, hidden, classes, seed=0):
     """The MLP as a tf.Module (create it inside strategy.scope() to distribute its variables),
     with a `steps` counter; initial weights from stateless ops seeded by SEED."""
@@ -89,11 +108,12 @@ def evaluate_module(tf, model, dataset):
     return float(loss), float(accuracy), logits.device
 
 
-def checkpoint_manager(tf, model, directory):
-    """(checkpoint manager, restored path or None): a TF2 module resumes from DIRECTORY."""
+def checkpoint_manager(tf, model, directory, save_to=None):
+    """(checkpoint manager saving to SAVE_TO or DIRECTORY, restored path or None): a TF2
+    module resumes from the last checkpoint in DIRECTORY."""
     checkpoint = tf.train.Checkpoint(model=model)
-    manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2)
-    restored = manager.latest_checkpoint
+    manager = tf.train.CheckpointManager(checkpoint, save_to or directory, max_to_keep=2)
+    restored = tf.train.latest_checkpoint(directory)
     if restored:
         checkpoint.restore(restored)
     return manager, restored
