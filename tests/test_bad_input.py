@@ -8,20 +8,12 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from tfcluster import cli, runs
+from test_cli import run_cli as run
+from tfcluster import runs
 from tfcluster.catalog import check_templates, custom_example, load_catalog, task_command
 from tfcluster.errors import UsageError
 from tfcluster.inventory import Machine, Slot, load_slots
 from tfcluster.spec import build_cluster
-
-
-def run(capsys, *argv):
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exit_:  # argparse's errors
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_usage_error(code, err, message):

@@ -20,21 +20,34 @@ from conftest import REPO, tfcluster
     (["data", "fetch", "imagenet", "--dest", "/tmp/x"], "unknown dataset 'imagenet'"),
     (["bogus"], "invalid choice"),
 ])
-def test_usage_errors_are_one_line_exit_2(tmp_path, args, message):
-    proc = tfcluster(*args, runs_dir=str(tmp_path / "runs"))
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+def test_usage_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(REPO)  # the default inventory is relative
+    code, _, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), *args)
+    assert code == 2, err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")
 
 
-def test_missing_group_is_reported(tmp_path):
+def run_cli(capsys, *argv):
+    """tfcluster in this process (fast): (exit code, stdout, stderr)."""
+    from tfcluster import cli
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exit_:  # argparse's errors
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_missing_group_is_reported(tmp_path, capsys):
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("worker:\n  hosts:\n    w[0:1]: {ansible_host: localhost, "
                          "ansible_connection: local}\n")
-    proc = tfcluster("launch", "mnist_replica", "-i", str(inventory), runs_dir=str(tmp_path))
-    assert proc.returncode == 2
-    assert "has no [ps] group but mnist_replica needs 1 ps task(s)" in proc.stderr
+    code, _, err = run_cli(capsys, "--runs-dir", str(tmp_path), "launch", "mnist_replica",
+                           "-i", str(inventory))
+    assert code == 2
+    assert "has no [ps] group but mnist_replica needs 1 ps task(s)" in err
 
 
 def test_examples_lists_names_first():
@@ -45,9 +58,9 @@ def test_examples_lists_names_first():
     assert names == list(load_catalog())
 
 
-def test_runs_empty(tmp_path):
-    proc = tfcluster("runs", runs_dir=str(tmp_path / "none"), check=0)
-    assert "no runs yet" in proc.stdout
+def test_runs_empty(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "--runs-dir", str(tmp_path / "none"), "runs")
+    assert code == 0 and "no runs yet" in out + err
 
 
 def test_readme_quick_start_commands():
