@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import tfcluster
+from conftest import REPO, tfcluster
 from tfcluster.errors import UsageError
 from tfcluster.inventory import Machine, Slot
 from tfcluster.spec import build_cluster, format_cluster_spec, parse_cluster_spec, render
@@ -59,12 +59,16 @@ def test_parse_rejects(text, message):
         parse_cluster_spec(text)
 
 
-def test_cli_spec_json_and_errors(tmp_path):
-    proc = tfcluster("spec", "--cluster-spec", "worker|a:1;b:2,ps|c:3", "--format", "json", check=0)
-    assert json.loads(proc.stdout) == {"worker": ["a:1", "b:2"], "ps": ["c:3"]}
+def test_cli_spec_json_and_errors(capsys, monkeypatch):
+    from test_cli import run_cli
+    code, out, _ = run_cli(capsys, "spec", "--cluster-spec", "worker|a:1;b:2,ps|c:3", "--format",
+                           "json")
+    assert code == 0 and json.loads(out) == {"worker": ["a:1", "b:2"], "ps": ["c:3"]}
+    monkeypatch.chdir(REPO)
+    code, out, _ = run_cli(capsys, "spec", "-i", "inventory/local.yml", "--example",
+                           "mnist_replica", "--format", "flags")
+    assert code == 0 and len(out.strip().splitlines()) == 3
+    # The real entry point too: one line, no traceback.
     proc = tfcluster("spec", "--cluster-spec", "worker|", "--format", "json", check=2)
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "no tasks" in proc.stderr
-    proc = tfcluster("spec", "-i", "inventory/local.yml", "--example", "mnist_replica",
-                     "--format", "flags", check=0)
-    assert len(proc.stdout.strip().splitlines()) == 3
