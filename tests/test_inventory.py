@@ -95,6 +95,7 @@ worker:
      "both use a:5000"),
     ("worker:\n  hosts:\n    a: {tfcluster_port: 70000}\n", "port 70000 is out of range"),
     ("worker:\n  hosts:\n    a: {tfcluster_port: twelve}\n", "tfcluster_port must be a whole number"),
+    ("worker:\n  hosts:\n    a: {ansible_port: 0}\n", "host a: ansible_port 0 is out of range"),
     ("worker:\n  hosts:\n    a: {tfcluster_address: 'h;rm'}\n", "tfcluster_address 'h;rm' is not a host name"),
     ("worker:\n  hosts:\n    a: {tfcluster_gpus: {x: 1}}\n", "tfcluster_gpus must be a list"),
 ])

@@ -138,7 +138,7 @@ def _slot(hostname, job, host_vars, templar):
     machine = Machine(
         address=address,
         connection=str(get("ansible_connection", "ssh")),
-        ssh_port=_int(get("ansible_port", 22), "ansible_port", hostname),
+        ssh_port=_ssh_port(get("ansible_port", 22), hostname),
         user=get("ansible_user"),
         key_file=get("ansible_ssh_private_key_file"),
         known_hosts=get("tfcluster_known_hosts") or _known_hosts_from(get("ansible_ssh_common_args")),
@@ -168,6 +168,14 @@ def _int(value, name, hostname):
     except (TypeError, ValueError):
         raise UsageError("host %s: %s must be a whole number, not %r: fix %s"
                          % (hostname, name, value, name)) from None
+
+
+def _ssh_port(value, hostname):
+    port = _int(value, "ansible_port", hostname)
+    if not 1 <= port <= 65535:
+        raise UsageError("host %s: ansible_port %d is out of range: fix ansible_port (1 to 65535)"
+                         % (hostname, port))
+    return port
 
 
 def _seconds(value, name, hostname):
