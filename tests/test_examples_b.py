@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import example_checks as checks
 from conftest import REPO, assert_run_clean, run_record, tfcluster
 
 LAUNCH_TIMEOUT = 240
@@ -49,19 +50,23 @@ def assert_learned(result, accuracy, loss_ratio):
 
 # ---------------------------------------------------------------- census wide & deep
 
+@pytest.mark.slow
 def test_census_widendeep(local_env):
-    record = launch(local_env, "census_widendeep")
-    found = results(record, "worker:0", "worker:1")
+    record, run_dir = checks.launch(local_env, "census_widendeep")
+    workers = ["worker:0", "worker:1"]
+    found = checks.check_run(record, workers)
     # A worker that starts late sees an already trained model: the start is the highest loss.
-    start = max(r["initial_loss"] for r in found)
-    for result in found:
+    start = max(r["initial_loss"] for r in found.values())
+    for result in found.values():
         assert result["synthetic"] and result["dataset"] == "synthetic-census"
         assert result["test_rows"] == 1000 and result["eval_steps"] == 1
         assert result["global_step"] >= 300
         assert result["wide_params"] > 1000000 and result["deep_params"] > 0
+        # Measured over seeded runs: accuracy = majority + 0.10-0.13, loss 0.45-0.5 x start.
         assert result["accuracy"] >= result["majority_accuracy"] + 0.05, result
-        assert result["loss"] <= 0.6 * start, result
-    assert record["tasks"]["ps:0"]["state"] == "stopped"
+        assert result["loss"] <= 0.65 * start, result
+    checks.check_metrics(run_dir, record, workers)
+    checks.check_tensorboard(run_dir, record, workers, chief="worker:0")
 
 
 # ---------------------------------------------------------------- CIFAR-10, five ps modes
@@ -171,32 +176,40 @@ def test_cifar10_local_towers(tmp_path):
 
 # ---------------------------------------------------------------- TF2 strategies
 
+@pytest.mark.slow
 def test_ps_strategy(local_env):
     """The chief's coordinator trains on variables sharded over both ps; workers and ps are
     stopped by the launcher once the chief succeeded."""
-    record = launch(local_env, "ps_strategy")
-    (chief,) = results(record, "chief:0")
+    record, run_dir = checks.launch(local_env, "ps_strategy")
+    chief = checks.check_run(record, ["chief:0"])["chief:0"]
     assert chief["strategy"] == "ParameterServerStrategy"
     assert chief["num_workers"] == 2 and chief["num_ps"] == 2
-    assert chief["steps_applied"] == chief["scheduled_steps"] == 200
+    assert chief["steps_applied"] == chief["scheduled_steps"] == chief["global_step"] == 200
     for name, tasks in chief["ps_tasks_per_variable"].items():
         assert [t.replace("/replica:0", "") for t in tasks] == ["/job:ps/task:0", "/job:ps/task:1"], (
             name, tasks)
-    assert_learned(chief, 0.8, 0.5)
+    # Seeded; measured accuracy 0.93-0.95, loss 0.1 x the start.
+    checks.assert_learned(chief, 0.8, 0.4)
     for label in ("worker:0", "worker:1", "ps:0", "ps:1"):
         assert record["tasks"][label]["state"] == "stopped", (label, record["tasks"][label])
+    checks.check_metrics(run_dir, record, ["chief:0"])
+    checks.check_tensorboard(run_dir, record, ["chief:0"], chief="chief:0")
 
 
+@pytest.mark.slow
 def test_multi_worker_mirrored(local_env):
     """Both workers train in lock-step (same parameters at the end) and exit cleanly."""
-    record = launch(local_env, "multi_worker_mirrored")
-    first, second = results(record, "worker:0", "worker:1")
+    record, run_dir = checks.launch(local_env, "multi_worker_mirrored")
+    workers = ["worker:0", "worker:1"]
+    found = checks.check_run(record, workers)
+    first, second = found["worker:0"], found["worker:1"]
     for result in (first, second):
         assert result["strategy"] == "MultiWorkerMirroredStrategy"
         assert result["replicas_in_sync"] == 2 and result["global_step"] == 200
-        assert_learned(result, 0.8, 0.5)
+        # Seeded and synchronous: measured accuracy 0.94, loss 0.1 x the start.
+        checks.assert_learned(result, 0.8, 0.4)
     assert first["param_checksum"] == pytest.approx(second["param_checksum"], rel=1e-6)
     assert first["accuracy"] == second["accuracy"]
-    for label in ("worker:0", "worker:1"):
-        assert record["tasks"][label]["state"] == "succeeded"
-        assert record["tasks"][label]["exit"] == 0
+    assert first["initial_loss"] == second["initial_loss"]  # one seeded start
+    checks.check_metrics(run_dir, record, workers)
+    checks.check_tensorboard(run_dir, record, workers, chief="worker:0")

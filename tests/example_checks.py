@@ -1,0 +1,123 @@
+"""What every example test checks after `tfcluster launch EXAMPLE --smoke`: the run's outcome,
+the one result schema, the live metrics lines in each task's log and the TensorBoard event files
+collected into runs/<id>/tensorboard/<task>/."""
+import glob
+import json
+import os
+
+from conftest import assert_run_clean, run_record, tfcluster
+from trainers import protocol
+
+LAUNCH_TIMEOUT = 240  # the launcher stops everything itself after this long
+MIN_POINTS = 5        # metrics points every training task reports, even in --smoke runs
+
+
+def launch(local_env, example, *trainer_args, run_id=None, options=()):
+    """`tfcluster launch EXAMPLE --smoke [OPTIONS] [-- TRAINER_ARGS]`; (run.json, run folder)."""
+    inventory, runs_dir = local_env
+    run_id = run_id or "test-" + example
+    argv = ["launch", example, "-i", inventory, "--smoke", "--run-id", run_id,
+            "--timeout", str(LAUNCH_TIMEOUT)] + list(options)
+    if trainer_args:
+        argv += ["--"] + list(trainer_args)
+    tfcluster(*argv, runs_dir=runs_dir, check=0, timeout=LAUNCH_TIMEOUT + 90)
+    return run_record(runs_dir, run_id), os.path.join(runs_dir, run_id)
+
+
+def check_run(record, trainers):
+    """Succeeded; a result in the one schema from each of TRAINERS (labels); ps tasks stopped,
+    the others exited 0 or were stopped after success; nothing left running."""
+    assert record["state"] == "succeeded" and record["exit_code"] == 0, record.get("failure")
+    results = record.get("results", {})
+    assert sorted(results) == sorted(trainers), sorted(results)
+    for label in trainers:
+        check_schema(results[label])
+        assert record["tasks"][label]["state"] == "succeeded", (label, record["tasks"][label])
+    for label, task in record["tasks"].items():
+        if task["job"] == "ps":
+            assert task["state"] == "stopped", (label, task)
+    assert_run_clean(record)
+    return results
+
+
+def check_schema(result):
+    for key in protocol.RESULT_KEYS:
+        assert isinstance(result.get(key), (int, float)), (key, result)
+    assert result["train_time_s"] > 0 and result["examples_per_s"] > 0, result
+    # What TensorFlow placed the compute on: this machine has no GPU.
+    assert result["num_gpus"] == 0, result
+    assert result["devices"] and all(d.startswith("/device:CPU:") for d in result["devices"]), \
+        result["devices"]
+    for old in ("final_xent", "initial_xent", "final_cost", "initial_cost", "test_accuracy"):
+        assert old not in result, old
+
+
+def assert_learned(result, accuracy, loss_ratio, initial=None):
+    """Accuracy at least ACCURACY, the test loss at most LOSS_RATIO x where it started."""
+    initial = result["initial_loss"] if initial is None else initial
+    assert result["accuracy"] >= accuracy, result
+    assert result["loss"] <= loss_ratio * initial, (result["loss"], initial, result)
+
+
+def metric_points(run_dir, label):
+    """The TFCLUSTER_METRIC points in a task's log, in order."""
+    points = []
+    with open(os.path.join(run_dir, label.replace(":", "-") + ".log"), errors="replace") as log:
+        for line in log:
+            parsed = protocol.parse_line(line.rstrip("\n"))
+            if parsed and parsed[0] == "metric":
+                points.append(parsed[1])
+    return points
+
+
+def check_metrics(run_dir, record, labels):
+    """At least MIN_POINTS points per task, global steps never going back, the first at the
+    initial loss and the last at the result's loss and step."""
+    for label in labels:
+        result = record["results"][label]
+        points = metric_points(run_dir, label)
+        assert len(points) >= MIN_POINTS, (label, points)
+        steps = [p["step"] for p in points]
+        assert steps == sorted(steps), (label, steps)
+        assert points[0]["loss"] == result["initial_loss"], (label, points[0])
+        assert points[-1]["loss"] == result["loss"], (label, points[-1])
+        assert points[-1]["step"] == result["global_step"], (label, points[-1])
+        assert sum(1 for p in points if p.get("examples_per_s")) >= MIN_POINTS - 1, points
+
+
+def tensorboard_scalars(run_dir, label):
+    """{tag: [(step, value)]} from the task's collected event files, read by TensorFlow's own
+    event reader (the format TensorBoard loads)."""
+    import tensorflow as tf
+    folder = os.path.join(run_dir, "tensorboard", label.replace(":", "-"))
+    files = glob.glob(os.path.join(folder, "events.out.tfevents.*"))
+    assert files, "no event file in %s (%s)" % (folder, os.listdir(run_dir))
+    scalars = {}
+    for path in files:
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def check_tensorboard(run_dir, record, labels, chief):
+    """Each task's loss, accuracy and examples/s curves; the chief's global-step rate too."""
+    for label in labels:
+        scalars = tensorboard_scalars(run_dir, label)
+        assert {"loss", "accuracy", "examples_per_s"} <= set(scalars), (label, sorted(scalars))
+        assert len(scalars["loss"]) >= MIN_POINTS, (label, scalars["loss"])
+        result = record["results"][label]
+        assert scalars["loss"][-1] == (result["global_step"], pytest_approx(result["loss"]))
+        assert ("global_steps_per_s" in scalars) == (label == chief), (label, sorted(scalars))
+
+
+def pytest_approx(value):
+    import pytest
+    return pytest.approx(value, rel=1e-6)
+
+
+def result_line(stdout):
+    """The TFCLUSTER_RESULT of a trainer run directly."""
+    lines = [line for line in stdout.splitlines() if line.startswith(protocol.RESULT_PREFIX)]
+    assert len(lines) == 1, stdout[-3000:]
+    return json.loads(lines[0][len(protocol.RESULT_PREFIX):])
