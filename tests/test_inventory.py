@@ -208,8 +208,11 @@ def test_sample_data_network_example_works_uncommented(tmp_path):
     sample = tmp_path / "sample"
     shutil.copytree(os.path.join(REPO, "inventory", "sample"), sample)
     hosts = (sample / "hosts.yml").read_text()
-    assert "# worker3: {" in hosts
-    (sample / "hosts.yml").write_text(hosts.replace("# worker3: {", "worker3: {"))
+    example = hosts[hosts.index("# worker3:"):].splitlines()[:3]
+    assert "tfcluster_address" in example[2]
+    for line in example:
+        hosts = hosts.replace(line, line.replace("# ", "", 1))
+    (sample / "hosts.yml").write_text(hosts)
     cluster = build_cluster(load_slots(str(sample)))
     worker3 = [t for t in cluster.tasks if t.slot == "worker3"][0]
     assert worker3.machine.address == "gpu03.cluster.example.com"
