@@ -28,6 +28,8 @@ NOISE = [
     "to apply optimizations.",
     "I0000 00:00:1795327335.255199   19709 grpc_server_lib.cc:467] Started server with target: "
     "grpc://localhost:29999",
+    "W0000 00:00:1795328033.971640   24837 xplane_to_step_stats.cc:84] GPU trace was not "
+    "collected.",
     "E0000 00:00:17953.1 123 cuda_dnn.cc:8579] Unable to register cuDNN factory: Attempting to "
     "register factory for plugin cuDNN when one has already been registered",
 ]
@@ -100,7 +102,7 @@ def test_live_reporter_renders_a_row_per_task_and_the_cluster():
                                      "time": start + 5 * i})
         reporter.task_metric(worker, {"step": step, "loss": 2.1 - step / 100,
                                       "examples_per_s": 700.0, "time": start + 5 * i})
-    for line in NOISE[:3] + ["chief: scheduled 100 steps"]:
+    for line in NOISE[:3] + ['TFCLUSTER_RESULT {"loss": 0.3}', "chief: scheduled 100 steps"]:
         reporter.task_line(chief, line)
     reporter.task_restarted(worker, 1)
     text = render(reporter)
@@ -117,6 +119,7 @@ def test_live_reporter_renders_a_row_per_task_and_the_cluster():
     # The log tail: the task's own line, not the noise.
     assert "[chief:0] chief: scheduled 100 steps" in text
     assert "oneDNN" not in text and "cpu_feature_guard" not in text
+    assert "TFCLUSTER_RESULT" not in text
     reporter.close()
 
 
@@ -127,7 +130,9 @@ def test_live_reporter_shows_a_failure_at_once():
     reporter.task_started(worker, 99)
     reporter.task_exited(worker, 1, "failed")
     assert "worker:1 on gpu2 failed (exit 1)" in console.file.getvalue()
-    assert "failed 1" in render(reporter)
+    row = [line.split() for line in render(reporter).splitlines() if line.startswith("worker:1")]
+    assert row[0][1:5] == ["failed", "1", "gpu2", "-"]
+    assert row[0][-2:] == ["-", "0"]    # no "last line" age once the task ended
     reporter.note("stopping every task")
     assert "tfcluster: stopping every task" in console.file.getvalue()
 

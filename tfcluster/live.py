@@ -18,6 +18,7 @@ from rich.text import Text
 
 from tfcluster.metrics import MetricsStore
 from tfcluster.report import PlainReporter, Reporter, is_metric, is_noise
+from trainers.protocol import RESULT_PREFIX
 
 TAIL_LINES = 6
 STATE_STYLE = {"starting": "yellow", "running": "cyan", "succeeded": "green", "failed": "bold red",
@@ -35,10 +36,12 @@ def _age(seconds):
     return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
 
 
-def _number(value, digits=4):
+def _number(value):
     if not isinstance(value, (int, float)):
         return "-"
-    return "%.*g" % (digits, value) if isinstance(value, float) else str(value)
+    if abs(value) >= 100:
+        return "{:,.0f}".format(value)
+    return "%.4g" % value if isinstance(value, float) else str(value)
 
 
 class _Row:
@@ -95,7 +98,9 @@ class LiveReporter(Reporter):
         row = self._row(task)
         with self._lock:
             row.last_line = time.time()
-            if self.verbose or not (is_noise(line) or is_metric(line)):
+            # Result lines are long JSON and the summary table shows them.
+            if self.verbose or not (is_noise(line) or is_metric(line)
+                                    or line.startswith(RESULT_PREFIX)):
                 self._tail.append((task.label, line))
 
     def task_metric(self, task, point):
@@ -138,8 +143,10 @@ class LiveReporter(Reporter):
             state = row.state if row.exit is None else "%s %s" % (row.state, row.exit)
             table.add_row(row.task.label, Text(state, style=STATE_STYLE.get(row.state, "")),
                           row.task.machine.address, step_text, _number(point.get("loss")),
-                          _number(point.get("examples_per_s"), 5),
-                          _age(now - row.last_line if row.last_line else None),
+                          _number(point.get("examples_per_s")),
+                          # Silence matters while a task runs (a hang), not once it ended.
+                          _age(now - row.last_line if row.last_line and row.exit is None
+                               else None),
                           str(row.restarts))
         parts = [table, Text(self.cluster_line(now), style="bold")]
         parts += [Text("[%s] %s" % item, style="dim", no_wrap=True, overflow="ellipsis")

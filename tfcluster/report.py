@@ -43,6 +43,8 @@ NOISE = [re.compile(pattern) for pattern in (
     r"dataset\.cc.*will not be optimized because the dataset does not implement",
     r"OUT_OF_RANGE: End of sequence",
     r"Your input ran out of data; interrupting training",
+    # Step statistics collected on a machine without a GPU.
+    r"xplane_to_step_stats\.cc.*GPU trace was not collected",
     # Grappler's placement notes.
     r"devices\.cc.*Number of eligible GPUs",
     r"single_machine\.cc.*Starting new session",
