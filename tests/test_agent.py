@@ -1,105 +1,203 @@
-"""The host-side agent on its own: process groups, exit records, logs, lease, ports."""
-import base64
+"""The host-side agent on its own, spoken to over its stdin/stdout as the controller does:
+process groups, exit records, streamed output, lease, ownership, identities, ports."""
 import json
 import os
+import queue
 import socket
+import stat
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 from conftest import REPO, pid_alive, port_free, wait_for
+from trainers import protocol as P
+from trainers import supervisor
 
 AGENT = os.path.join(REPO, "trainers", "agent.py")
 
 
-def agent(*args):
-    proc = subprocess.run([sys.executable, AGENT] + list(args), capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+class AgentProcess:
+    """`agent.py serve` as a child, with a reader thread: messages arrive on a queue."""
 
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, AGENT, "serve"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, start_new_session=True)
+        self.messages = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        assert isinstance(self.next(P.Hello), P.Hello)
 
-def start(run_dir, tasks, lease=0):
-    spec = base64.b64encode(json.dumps({"tasks": tasks, "lease": lease}).encode()).decode()
-    return agent("start", "--dir", str(run_dir), "--spec", spec)["started"]
+    def _read(self):
+        for line in self.proc.stdout:
+            self.messages.put(P.decode(line.decode()))
+        self.messages.put(None)
+
+    def send(self, msg):
+        self.proc.stdin.write(P.encode(msg).encode())
+        self.proc.stdin.flush()
+
+    def next(self, kind, timeout=20):
+        """The next message of KIND (others are kept in .seen)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.messages.get(timeout=max(0.01, deadline - time.monotonic()))
+            if msg is None or isinstance(msg, kind):
+                return msg
+            self.seen.append(msg)
+
+    seen = []
+
+    def close(self, detach=False):
+        if detach:
+            self.send(P.Detach())
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
 
 
 @pytest.fixture
-def run_dir(tmp_path):
-    path = tmp_path / "run"
-    yield path
+def agent(tmp_path):
+    AgentProcess.seen = []
+    proc = AgentProcess()
+    yield proc
     # Whatever a test started, stop it even when the test failed.
-    subprocess.run([sys.executable, AGENT, "stop", "--dir", str(path), "--grace", "1"],
+    subprocess.run([sys.executable, AGENT, "stop", "--dir", str(tmp_path / "run"), "--grace", "1"],
                    capture_output=True, timeout=60)
+    if proc.proc.poll() is None:
+        proc.proc.kill()
 
 
-def test_start_poll_exit_status_and_logs(run_dir):
-    started = start(run_dir, [
-        {"name": "ok", "command": "echo hello; echo $GREETING", "env": {"GREETING": "hi there"}},
-        {"name": "bad", "command": "echo failing >&2; exit 3"}])
-    assert all(started.values())
-    wait_for(lambda: all(not t["alive"] for t in agent("poll", "--dir", str(run_dir))["tasks"].values()),
-             10, "both tasks to end")
-    tasks = agent("poll", "--dir", str(run_dir))["tasks"]
-    assert tasks["ok"]["exit"] == 0 and tasks["ok"]["log"] == "hello\nhi there\n"
-    assert tasks["bad"]["exit"] == 3 and "failing" in tasks["bad"]["log"]
-    offsets = base64.b64encode(json.dumps({"ok": 6}).encode()).decode()
-    assert agent("poll", "--dir", str(run_dir), "--offsets", offsets)["tasks"]["ok"]["log"] == "hi there\n"
+def start(agent, run_dir, tasks, lease=0.0):
+    agent.send(P.Start(run_dir=str(run_dir), tasks=tasks, lease=lease))
+    reply = agent.next((P.Accepted, P.Error))
+    assert isinstance(reply, P.Accepted), reply
 
 
-def test_stop_kills_the_whole_process_group(run_dir):
+def outputs(agent, name):
+    return "".join(m.text for m in agent.seen if isinstance(m, P.Output) and m.name == name)
+
+
+def test_tasks_stream_output_and_exit_status_and_keep_secrets(agent, tmp_path):
+    run_dir = tmp_path / "run"
+    start(agent, run_dir, [
+        {"name": "worker-0", "command": "echo hello; echo $GREETING", "env": {"GREETING": "s3cr3t"}},
+        {"name": "worker-1", "command": "echo failing >&2; exit 3"}])
+    exits = {}
+    while len(exits) < 2:
+        msg = agent.next(P.Exited)
+        exits[msg.name] = msg.code
+    assert exits == {"worker-0": 0, "worker-1": 3}
+    assert outputs(agent, "worker-0") == "hello\ns3cr3t\n"
+    assert "failing" in outputs(agent, "worker-1")
+    assert {m.name for m in agent.seen if isinstance(m, P.Started)} == {"worker-0", "worker-1"}
+    # The log has the output; no file names the secret's value; the folder is private.
+    assert (run_dir / "worker-0.log").read_text() == "hello\ns3cr3t\n"
+    for path in run_dir.iterdir():
+        assert b"s3cr3t" not in path.read_bytes() or path.name == "worker-0.log", path
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    assert json.loads((run_dir / "worker-0.task.json").read_text())["env_names"] == ["GREETING"]
+
+
+def test_stop_kills_the_whole_process_group(agent, tmp_path):
+    run_dir = tmp_path / "run"
     # The task forks a grandchild; stopping must take both.
-    started = start(run_dir, [{"name": "tree", "command": "sleep 300 & echo $! > child.pid; wait",
-                               "cwd": str(run_dir)}])
-    pgid = started["tree"]
-    child = int(wait_for(lambda: (run_dir / "child.pid").exists() and (run_dir / "child.pid").read_text().strip(),
-                         10, "the grandchild's pid"))
-    assert pid_alive(pgid) and pid_alive(child)
-    answer = agent("stop", "--dir", str(run_dir), "--grace", "2")
-    assert answer["tasks"] == {"tree": "stopped"} and answer["remaining"] == []
-    assert not pid_alive(child) and not pid_alive(pgid)
-    state = agent("poll", "--dir", str(run_dir))["tasks"]["tree"]
-    assert state["exit"] == 128 + 15 and not state["alive"]
-    # Stopping again is harmless.
-    assert agent("stop", "--dir", str(run_dir))["tasks"] == {"tree": "not running"}
+    start(agent, run_dir, [{"name": "worker-0", "cwd": str(tmp_path),
+                            "command": "sleep 300 & echo $! > child.pid; wait"}])
+    pid = agent.next(P.Started).pid
+    child = int(wait_for(lambda: (tmp_path / "child.pid").exists() and
+                         (tmp_path / "child.pid").read_text().strip(), 10, "the grandchild's pid"))
+    assert pid_alive(pid) and pid_alive(child)
+    agent.send(P.Stop(names=["worker-0"], ports=[], grace=2))
+    answer = agent.next(P.Stopped)
+    assert answer.tasks == {"worker-0": "stopped"} and answer.remaining == []
+    assert not pid_alive(child) and not pid_alive(pid)
+    exited = [m for m in agent.seen if isinstance(m, P.Exited)]
+    assert [(m.name, m.code) for m in exited] == [("worker-0", 128 + 15)]
 
 
-def test_lease_stops_tasks_when_the_controller_goes_quiet(run_dir):
-    started = start(run_dir, [{"name": "long", "command": "exec sleep 300"}], lease=2)
-    pid = started["long"]
-    wait_for(lambda: not pid_alive(pid), 20, "the task to stop after its lease expired")
-    log = agent("poll", "--dir", str(run_dir))["tasks"]["long"]["log"]
-    assert "lease expired" in log
+def test_a_closed_channel_ends_the_lease_and_a_detach_does_not(tmp_path):
+    leased, detached = AgentProcess(), AgentProcess()
+    try:
+        start(leased, tmp_path / "run", [{"name": "worker-0", "command": "exec sleep 300"}],
+              lease=1)
+        start(detached, tmp_path / "other", [{"name": "worker-0", "command": "exec sleep 300"}],
+              lease=1)
+        leased_pid, detached_pid = leased.next(P.Started).pid, detached.next(P.Started).pid
+        leased.proc.stdin.close()          # the controller vanished without a word
+        detached.send(P.Detach())
+        detached.proc.stdin.close()
+        wait_for(lambda: not pid_alive(leased_pid), 20, "the task to stop after its lease")
+        assert "lease expired" in (tmp_path / "run" / "worker-0.log").read_text()
+        assert pid_alive(detached_pid), "a detached run has no lease"
+    finally:
+        subprocess.run([sys.executable, AGENT, "stop", "--dir", str(tmp_path / "other")],
+                       capture_output=True, timeout=60)
+        for agent in (leased, detached):
+            agent.proc.wait(timeout=30)
 
 
-def test_port_checks_and_preflight(run_dir):
+def test_a_run_never_adopts_another_runs_folder(agent, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    agent.send(P.Start(run_dir=str(run_dir), tasks=[{"name": "worker-0", "command": "true"}]))
+    reply = agent.next((P.Accepted, P.Error))
+    assert isinstance(reply, P.Error) and "exists already" in reply.message
+    agent.send(P.Start(run_dir=str(tmp_path / "x"), tasks=[{"name": "../x", "command": "true"}]))
+    assert isinstance(agent.next((P.Accepted, P.Error)), P.Error)
+
+
+def test_stop_spares_a_process_whose_pid_was_reused(agent, tmp_path):
+    """A record whose pid now belongs to someone else (a reboot, a reused pid) is not signalled."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    foreign = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        planted = {"pid": foreign.pid, "start": supervisor.start_time(foreign.pid) + 1,
+                   "boot": supervisor.boot_id()}
+        (run_dir / "worker-0.pid").write_text(json.dumps(planted))
+        rebooted = dict(planted, start=supervisor.start_time(foreign.pid), boot="another-boot")
+        (run_dir / "worker-1.pid").write_text(json.dumps(rebooted))
+        agent.send(P.Attach(run_dir=str(run_dir), from_start=True))
+        states = agent.next(P.Attached).tasks
+        assert not states["worker-0"]["alive"] and not states["worker-1"]["alive"]
+        agent.send(P.Stop(names=["worker-0", "worker-1"], ports=[], grace=1))
+        assert agent.next(P.Stopped).tasks == {"worker-0": "not running", "worker-1": "not running"}
+        assert pid_alive(foreign.pid)
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
+def test_listening_event_and_preflight(agent, tmp_path):
     server = socket.socket()
     server.bind(("", 0))
     server.listen()
     port = server.getsockname()[1]
     try:
-        report = agent("preflight", "--ports", str(port), "--python", sys.executable)
+        agent.send(P.Preflight(python=sys.executable, ports=[port], code_dir=REPO + "/trainers"))
+        report = agent.next(P.Report, timeout=150).report  # a real TensorFlow import
         assert report["ports"] == {str(port): False}
         assert report["python_ok"] and report["tf_version"].startswith("2.21")
-        listening = agent("poll", "--dir", str(run_dir), "--listening", str(port))["listening"]
-        assert listening == {str(port): True}
+        assert report["code_hash"] == P.code_hash(REPO + "/trainers")
+        start(agent, tmp_path / "run", [{"name": "ps-0", "command": "exec sleep 300",
+                                         "port": port}])
+        assert agent.next(P.Listening).port == port
     finally:
         server.close()
     assert port_free(port)
-    report = agent("preflight", "--ports", str(port), "--python", "/nonexistent/python")
-    assert report["ports"] == {str(port): True}
+    agent.send(P.Preflight(python="/nonexistent/python", ports=[port], code_dir="/nonexistent"))
+    report = agent.next(P.Report).report
+    assert report["ports"] == {str(port): True} and report["code_hash"] is None
     assert not report["python_ok"] and "no interpreter" in report["error"]
 
 
 def test_code_hash_changes_with_content(tmp_path):
     (tmp_path / "a.py").write_text("x = 1\n")
-    first = subprocess.run([sys.executable, AGENT, "hash", "--dir", str(tmp_path)],
-                           capture_output=True, text=True).stdout
+    first = P.code_hash(str(tmp_path))
     (tmp_path / "__pycache__").mkdir()
     (tmp_path / "__pycache__" / "a.pyc").write_text("junk")
-    assert subprocess.run([sys.executable, AGENT, "hash", "--dir", str(tmp_path)],
-                          capture_output=True, text=True).stdout == first
+    assert P.code_hash(str(tmp_path)) == first
     (tmp_path / "a.py").write_text("x = 2\n")
-    assert subprocess.run([sys.executable, AGENT, "hash", "--dir", str(tmp_path)],
-                          capture_output=True, text=True).stdout != first
+    assert P.code_hash(str(tmp_path)) != first

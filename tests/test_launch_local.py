@@ -21,7 +21,7 @@ def check_mnist_run(runs_dir, sync):
     assert record["machines"][0]["tf_version"].startswith("2.21")
     assert record["tasks"]["ps:0"]["state"] == "stopped"
     # The loss at global step 0, seen by whichever worker evaluated before any update.
-    initial = max(r["initial_xent"] for r in record["results"].values())
+    initial = max(r["initial_loss"] for r in record["results"].values())
     assert initial > 1.5
     for label in ("worker:0", "worker:1"):
         result = record["results"][label]
@@ -29,7 +29,7 @@ def check_mnist_run(runs_dir, sync):
         assert result["sync"] is sync
         assert result["global_step"] >= 60
         # Learned: validation cross entropy far below where it started (ln 10 = 2.3).
-        assert result["final_xent"] < 0.5 * initial, result
+        assert result["loss"] < 0.5 * initial, result
         assert result["accuracy"] > 0.5
     with open(os.path.join(run_dir, "worker-0.log")) as handle:
         assert "validation cross entropy" in handle.read()
@@ -54,7 +54,7 @@ def test_mnist_replica_async_then_resume(local_env):
     chief = second["results"]["worker:0"]
     assert saved[0] <= chief["start_step"] <= saved[1]
     assert chief["global_step"] >= 100
-    assert chief["initial_xent"] < 1.0, "a resumed model starts trained"
+    assert chief["initial_loss"] < 1.0, "a resumed model starts trained"
     assert_run_clean(second)
 
 

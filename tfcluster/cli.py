@@ -234,13 +234,15 @@ def cmd_spec(args):
 
 
 def cmd_check(args):
-    from tfcluster import launcher, spec
+    from tfcluster import spec
     from tfcluster.inventory import load_slots
     cluster = spec.build_cluster(load_slots(args.inventory))
     if not cluster.tasks:
         raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups"
                          % args.inventory)
-    launcher.check_hosts(cluster)
+    from tfcluster.preflight import check_hosts
+    from tfcluster.report import PlainReporter
+    check_hosts(cluster, PlainReporter())
     return 0
 
 

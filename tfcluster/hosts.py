@@ -1,18 +1,24 @@
-"""One connection per machine (invoke's local runner or a Fabric SSH connection) and the agent calls.
+"""One agent per machine, alive for the whole run: a local child process or one SSH channel.
 
-A connection is opened lazily and closed by `close()`; commands return invoke Result objects.
-Fanning out over machines collects every machine's outcome, never stopping at the first error.
+Every link has its own reader thread, which turns the agent's JSON lines into messages: replies to
+a request go to the link's reply queue, events (started, output, exited...) to one queue shared by
+all links, which the launcher waits on. Every call to a host has its own deadline and its own
+thread, so a dead host never holds up the others.
 """
-import base64
-import concurrent.futures
-import json
+import collections
 import os
+import queue
 import shlex
-import shutil
 import socket
+import subprocess
 import threading
+import time
 
 from tfcluster.errors import TfclusterError
+from trainers import protocol as P
+
+REPLIES = (P.Report, P.Accepted, P.Attached, P.Stopped, P.Collected, P.File, P.Error)
+CLOSED = "closed"  # the event a link puts on the queue when its agent's stream ends
 
 
 class HostError(TfclusterError):
@@ -24,76 +30,162 @@ class HostError(TfclusterError):
         self.reason = message
 
 
-class HostSession:
-    def __init__(self, machine):
+class AgentLink:
+    def __init__(self, machine, events):
         self.machine = machine
-        self._connection = None
-        self._lock = threading.Lock()
+        self.events = events
+        self.replies = queue.Queue()
+        self.last_heard = time.monotonic()
+        self.hello = None
+        self.closed = False
+        self.detaching = False
+        self._stderr = collections.deque(maxlen=20)
+        self._proc = self._connection = self._channel = None
+        self._send_lock = threading.Lock()
 
     @property
     def agent_path(self):
         return self.machine.root.rstrip("/") + "/trainers/agent.py"
 
-    def _open(self):
-        if self._connection is None:
+    # ------------------------------------------------------------ opening
+    def open(self, timeout=None):
+        """Start the agent and wait for its hello; HostError with the reason otherwise."""
+        timeout = timeout or self.machine.connect_timeout + 20
+        argv = [self.machine.python, self.agent_path, "serve"]
+        try:
             if self.machine.is_local:
-                import invoke
-                self._connection = invoke.Context()
+                # Its own session: a Ctrl-C in this terminal is the launcher's to handle.
+                self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, start_new_session=True)
+                stdout, stderr = self._proc.stdout, self._proc.stderr
             else:
                 self._connection = _ssh_connection(self.machine)
-        return self._connection
-
-    def run(self, argv, timeout=60):
-        """Run ARGV on the machine; returns invoke's Result (exited, stdout, stderr)."""
-        command = shlex.join(argv)
-        try:
-            with self._lock:
-                connection = self._open()
-            return connection.run(command, hide=True, warn=True, timeout=timeout, in_stream=False)
-        except HostError:
-            raise
-        except Exception as err:  # paramiko, socket and invoke errors all mean "unreachable"
+                self._connection.open()
+                transport = self._connection.client.get_transport()
+                transport.set_keepalive(5)
+                self._channel = transport.open_session(timeout=self.machine.connect_timeout)
+                self._channel.exec_command(shlex.join(argv))
+                stdout, stderr = self._channel.makefile("rb"), self._channel.makefile_stderr("rb")
+        except FileNotFoundError:
+            raise HostError(self.machine, no_python(self.machine)) from None
+        except Exception as err:  # paramiko, socket and OS errors all mean "unreachable"
             raise HostError(self.machine, describe_connection_error(err, self.machine)) from None
+        threading.Thread(target=self._read, args=(stdout,), daemon=True).start()
+        threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True).start()
+        reply = self._wait_reply(timeout, "to start its agent")
+        if not isinstance(reply, P.Hello):
+            raise HostError(self.machine, "the agent answered %r instead of hello" % (reply,))
+        self.hello = reply
+        return self
 
-    def agent(self, *args, timeout=60):
-        """Call the task agent; returns its JSON answer."""
-        result = self.run([self.machine.python, self.agent_path] + list(args), timeout=timeout)
-        if result.exited != 0:
-            raise HostError(self.machine, agent_failure(result, self.machine, self.agent_path))
+    def _read(self, stream):
         try:
-            return json.loads(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise HostError(self.machine, "the agent answered %r instead of JSON"
-                            % result.stdout[-200:]) from None
+            for raw in stream:
+                self.last_heard = time.monotonic()
+                try:
+                    msg = P.decode(raw.decode("utf-8", "replace"))
+                except ValueError:
+                    self._stderr.append(raw.decode("utf-8", "replace").rstrip())
+                    continue
+                if isinstance(msg, REPLIES) or isinstance(msg, P.Hello):
+                    self.replies.put(msg)
+                elif not isinstance(msg, P.Heartbeat):
+                    self.events.put((self.machine.key, msg))
+        except (OSError, socket.error, EOFError):
+            pass
+        finally:
+            self.closed = True
+            self.replies.put(None)
+            self.events.put((self.machine.key, CLOSED))
 
-    def get(self, remote_path, local_path):
-        if self.machine.is_local:
-            shutil.copyfile(remote_path, local_path)
+    def _drain_stderr(self, stream):
+        try:
+            for raw in stream:
+                self._stderr.append(raw.decode("utf-8", "replace").rstrip())
+        except (OSError, socket.error, EOFError):
+            pass
+
+    def _wait_reply(self, timeout, what):
+        try:
+            reply = self.replies.get(timeout=timeout)
+        except queue.Empty:
+            raise HostError(self.machine, "no answer within %gs %s" % (timeout, what)) from None
+        if reply is None:
+            self.replies.put(None)  # every later request fails the same way
+            raise HostError(self.machine, self.failure())
+        return reply
+
+    def failure(self):
+        """Why the agent's stream ended, in one line."""
+        err = "\n".join(self._stderr)
+        code = self._proc.poll() if self._proc is not None else (
+            self._channel.recv_exit_status() if self._channel is not None and
+            self._channel.exit_status_ready() else None)
+        if code == 127 or ("No such file or directory" in err and self.machine.python in err):
+            return no_python(self.machine)
+        if "can't open file" in err:
+            return ("no tfcluster agent at %s: run ansible-playbook playbooks/deploy.yml"
+                    % self.agent_path)
+        last = err.strip().splitlines()[-1] if err.strip() else "connection closed"
+        return "the agent ended (%s)" % last
+
+    # ------------------------------------------------------------ talking
+    def send(self, msg):
+        if self.closed:
+            raise HostError(self.machine, self.failure())
+        data = P.encode(msg).encode()
+        try:
+            with self._send_lock:
+                if self._proc is not None:
+                    self._proc.stdin.write(data)
+                    self._proc.stdin.flush()
+                else:
+                    self._channel.sendall(data)
+        except Exception as err:  # a broken pipe or channel: the host is gone
+            raise HostError(self.machine, "cannot reach the agent: %s" % (err or type(err).__name__)) \
+                from None
+
+    def request(self, msg, timeout, what="", collect=None):
+        """Send MSG and wait for its reply; File messages on the way go to COLLECT."""
+        self.send(msg)
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._wait_reply(max(0.0, deadline - time.monotonic()), what or "to " + msg.kind)
+            if isinstance(reply, P.File) and collect is not None:
+                collect.append(reply)
+                continue
+            if isinstance(reply, P.Error):
+                raise HostError(self.machine, reply.message)
+            return reply
+
+    def close(self, detach=False):
+        """Leave the agent: with DETACH its tasks run on without a lease."""
+        if self.closed and self._proc is None and self._connection is None:
             return
-        with self._lock:
-            connection = self._open()
-        connection.get(remote_path, local_path)
+        try:
+            if detach and not self.closed:
+                self.send(P.Detach())
+        except HostError:
+            pass
+        try:
+            if self._proc is not None:
+                self._proc.stdin.close()
+                if not detach:
+                    # Its tasks are stopped: it ends at once. Waiting keeps "nothing left" exact.
+                    self._proc.wait(timeout=2)
+            if self._channel is not None:
+                self._channel.shutdown_write()
+                self._channel.close()
+            if self._connection is not None:
+                self._connection.close()
+        except Exception:  # closing what is already broken
+            pass
+        self._connection = self._channel = None
 
-    def close(self):
-        if self._connection is not None and not self.machine.is_local:
-            self._connection.close()
-        self._connection = None
 
-
-def encode(obj):
-    return base64.b64encode(json.dumps(obj).encode()).decode()
-
-
-def agent_failure(result, machine, agent_path):
-    err = (result.stderr or result.stdout or "").strip()
-    last = err.splitlines()[-1] if err else "exit %d" % result.exited
-    if result.exited == 127 or "No such file or directory" in err and machine.python in err:
-        return ("no Python at %s (tfcluster_python): run ansible-playbook playbooks/deploy.yml "
-                "or set tfcluster_python" % machine.python)
-    if "can't open file" in err:
-        return ("no tfcluster agent at %s: run ansible-playbook playbooks/deploy.yml"
-                % agent_path)
-    return "agent failed: %s" % last
+def no_python(machine):
+    return ("no Python at %s (tfcluster_python): run ansible-playbook playbooks/deploy.yml "
+            "or set tfcluster_python" % machine.python)
 
 
 def describe_connection_error(err, machine):
@@ -105,14 +197,11 @@ def describe_connection_error(err, machine):
     if name == "AuthenticationException":
         return ("SSH authentication failed for user %s: set ansible_user and "
                 "ansible_ssh_private_key_file" % (machine.user or "(default)"))
-    if name in ("SSHException", "BadHostKeyException") and "known_hosts" in text or \
-            "not found in known_hosts" in text or name == "BadHostKeyException":
+    if name == "BadHostKeyException" or "known_hosts" in text:
         return ("host key not trusted (%s): add it to known_hosts (ssh-keyscan) or set "
                 "tfcluster_known_hosts" % text)
     if name == "NoValidConnectionsError" or isinstance(err, ConnectionRefusedError):
         return "connection refused on port %d: is sshd running?" % machine.ssh_port
-    if name == "CommandTimedOut":
-        return "command did not finish in time (%s)" % text
     return "%s: %s" % (name, text)
 
 
@@ -137,36 +226,58 @@ def _ssh_connection(machine):
 
 
 class Hosts:
-    """Sessions for every machine of a cluster, with parallel calls that collect per-machine outcomes."""
+    """The agent links of a cluster's machines, with parallel calls collecting per-machine outcomes."""
+
+    PING_SECONDS = 1.0
 
     def __init__(self, machines):
-        self.sessions = {m.key: HostSession(m) for m in machines}
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(32, len(machines))))
+        self.events = queue.Queue()
+        self.links = {m.key: AgentLink(m, self.events) for m in machines}
+        self._stop = threading.Event()
+        self._pinger = None
 
-    def session(self, machine):
-        return self.sessions[machine.key]
+    def link(self, machine):
+        return self.links[machine.key]
 
     def each(self, call, machines=None, timeout=None):
-        """{machine key: result or exception} of CALL(session) on every machine, in parallel."""
-        targets = [self.sessions[m.key] for m in machines] if machines else list(self.sessions.values())
-        futures = {self._pool.submit(call, s): s for s in targets}
-        outcomes = {}
-        done, pending = concurrent.futures.wait(futures, timeout=timeout)
-        for future in done:
-            session = futures[future]
-            try:
-                outcomes[session.machine.key] = future.result()
-            except Exception as err:  # collected per machine; the caller decides
-                outcomes[session.machine.key] = err
-        for future in pending:
-            session = futures[future]
-            outcomes[session.machine.key] = HostError(session.machine, "no answer within %gs" % timeout)
-        return outcomes
+        """{machine key: result or exception} of CALL(link) on every machine, in parallel.
 
-    def close(self):
-        for session in self.sessions.values():
+        Each call runs in its own thread: one host that hangs costs only its own deadline."""
+        links = [self.links[m.key] for m in machines] if machines else list(self.links.values())
+        outcomes = {}
+
+        def run(link):
             try:
-                session.close()
-            except Exception:
-                pass
-        self._pool.shutdown(wait=False, cancel_futures=True)
+                outcomes[link.machine.key] = call(link)
+            except Exception as err:  # collected per machine; the caller decides
+                outcomes[link.machine.key] = err
+
+        threads = [threading.Thread(target=run, args=(link,), daemon=True) for link in links]
+        for thread in threads:
+            thread.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        for link in links:
+            outcomes.setdefault(link.machine.key,
+                                HostError(link.machine, "no answer within %gs" % timeout))
+        return dict(outcomes)
+
+    def start_pinging(self):
+        """A ping a second to every agent: the lease of an attached run."""
+        def ping():
+            while not self._stop.wait(self.PING_SECONDS):
+                for link in list(self.links.values()):
+                    if link.hello is not None and not link.closed and not link.detaching:
+                        try:
+                            link.send(P.Ping())
+                        except HostError:
+                            pass
+        self._pinger = threading.Thread(target=ping, daemon=True)
+        self._pinger.start()
+
+    def close(self, detach=False):
+        self._stop.set()
+        for link in self.links.values():
+            link.detaching = detach
+        self.each(lambda link: link.close(detach=detach), timeout=10)

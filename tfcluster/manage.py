@@ -1,23 +1,28 @@
-"""Runs after launch: status, logs, stop, history. They work from run.json alone, so they also work
-after the launcher was killed or when it ran with --detach."""
+"""Runs after launch: status, logs, stop, history. They work from run.json and the agents, so they
+also work after the launcher was killed or when it ran with --detach; when a host's agent is gone
+its run folder's records still tell."""
 import os
-import time
 
 from tfcluster import runs
 from tfcluster.errors import RunFailed
-from tfcluster.hosts import Hosts
+from tfcluster.hosts import HostError, Hosts
 from tfcluster.inventory import Machine
-from tfcluster.launcher import (POLL_SECONDS, Poller, finish, note, out, policy_met, tracked)
+from tfcluster.monitor import Monitor, policy_met, tracked
+from tfcluster.report import PlainReporter
 from tfcluster.spec import Cluster, Task
+from tfcluster.taskenv import host_run_dir
+from tfcluster.teardown import finish, stop_tasks
+from trainers import protocol as P
+
+WAKE_SECONDS = 0.25
 
 
 def cluster_from_record(record):
-    machines = {m["address"] + ":%s:%s" % (m["ssh_port"], m["user"]): Machine(**{
-        k: v for k, v in m.items() if k in Machine.__dataclass_fields__})
-        for m in record.get("machines", [])}
+    machines = [Machine(**{k: v for k, v in m.items() if k in Machine.__dataclass_fields__})
+                for m in record.get("machines", [])]
     tasks = []
     for label, entry in record.get("tasks", {}).items():
-        machine = next(m for m in machines.values() if m.address == entry["host"])
+        machine = next(m for m in machines if m.address == entry["host"])
         tasks.append(Task(entry["job"], entry["index"], entry["slot"], machine, entry["port"],
                           entry.get("cuda_visible_devices")))
     return Cluster(tasks)
@@ -27,102 +32,163 @@ def pick(runs_dir, run_id, active_only=False):
     return runs.load(runs_dir, run_id) if run_id else runs.latest(runs_dir, active_only)
 
 
-def status(runs_dir, run_id=None):
+def attach(hosts, cluster, run_id, from_start):
+    """Open every machine's agent on the run folder; {label: state} of the tasks it knows."""
+    def call(link):
+        link.open()
+        return link.request(P.Attach(run_dir=host_run_dir(link.machine, run_id),
+                                     from_start=from_start), timeout=30).tasks
+
+    outcomes = hosts.each(call, [m for m, _ in cluster.machines()],
+                          timeout=max(m.connect_timeout for m, _ in cluster.machines()) + 40)
+    states, unreachable = {}, []
+    for machine, tasks in cluster.machines():
+        answer = outcomes[machine.key]
+        if isinstance(answer, Exception):
+            unreachable.append((machine, answer))
+            continue
+        for task in tasks:
+            if task.name in answer:
+                states[task.label] = answer[task.name]
+    return states, unreachable
+
+
+def warn_unreachable(reporter, unreachable):
+    for machine, err in unreachable:
+        reporter.note("WARNING %s: %s" % (machine.label,
+                                          err.reason if isinstance(err, HostError) else err))
+
+
+def status(runs_dir, run_id=None, reporter=None):
+    reporter = reporter or PlainReporter()
     record = pick(runs_dir, run_id)
     cluster = cluster_from_record(record)
     states = {}
     if record.active:
         hosts = Hosts([m for m, _ in cluster.machines()])
         try:
-            poller = Poller(hosts, cluster, record.id, echo=False)
-            poller.offsets = {t.name: 1 << 62 for t in cluster.tasks}  # states only, no log text
-            poller.poll()
-            states = poller.states
+            states, unreachable = attach(hosts, cluster, record.id, from_start=False)
         finally:
             hosts.close()
-    out("run %s (%s) %s, created %s" % (record.id, record.get("example"), record.get("state"),
-                                        record.get("created")))
-    out("%-12s %-18s %-8s %-12s %s" % ("TASK", "HOST", "PID", "STATE", "EXIT"))
+        warn_unreachable(reporter, unreachable)
+    latest = latest_metrics(record.dir)
+    reporter.out("run %s (%s) %s, created %s" % (record.id, record.get("example"),
+                                                 record.get("state"), record.get("created")))
+    reporter.out("%-12s %-18s %-8s %-12s %-5s %10s %10s %12s" % (
+        "TASK", "HOST", "PID", "STATE", "EXIT", "STEP", "LOSS", "EXAMPLES/S"))
     for task in cluster.tasks:
         entry = record["tasks"][task.label]
         live = states.get(task.label)
         state = live["state"] if live else entry.get("state")
         code = live["exit"] if live else entry.get("exit")
-        out("%-12s %-18s %-8s %-12s %s" % (task.label, task.machine.address, entry.get("pid", "-"),
-                                           state, "-" if code is None else code))
+        point = latest.get(task.label, {})
+        reporter.out("%-12s %-18s %-8s %-12s %-5s %10s %10s %12s" % (
+            task.label, task.machine.address, entry.get("pid", "-"), state,
+            "-" if code is None else code, point.get("step", "-"), _short(point.get("loss")),
+            _short(point.get("examples_per_s"))))
     if record.active and states:
         if policy_met(cluster, states, record.get("success_policy", "all_workers")):
-            note("training finished; stop the parameter servers with `tfcluster stop %s`"
-                 % record.id)
+            reporter.note("training finished; stop the parameter servers with `tfcluster stop %s`"
+                          % record.id)
         elif not any(states.get(t.label, {}).get("alive") for t in tracked(cluster)):
-            note("no worker is running any more; `tfcluster stop %s` collects the logs" % record.id)
+            reporter.note("no worker is running any more; `tfcluster stop %s` collects the logs"
+                          % record.id)
     return 0
 
 
-def logs(runs_dir, run_id, task_label=None, follow=False):
+def latest_metrics(record_dir):
+    try:
+        from tfcluster import metrics
+        return metrics.load(record_dir).latest()
+    except (ImportError, AttributeError, OSError, ValueError):
+        return {}
+
+
+def _short(value):
+    if value is None:
+        return "-"
+    return "%.4g" % value if isinstance(value, float) else str(value)
+
+
+def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
     record = pick(runs_dir, run_id)
     cluster = cluster_from_record(record)
     chosen = [cluster.find(task_label)] if task_label else cluster.tasks
+    reporter = reporter or PlainReporter(prefix=len(chosen) > 1)
     if not record.active:
         for task in chosen:
             path = os.path.join(record.dir, task.name + ".log")
             if not os.path.exists(path):
-                note("no log for %s in %s" % (task.label, record.dir))
+                reporter.note("no log for %s in %s" % (task.label, record.dir))
                 continue
             with open(path, errors="replace") as handle:
                 for line in handle.read().splitlines():
-                    out(("[%s %s] " % (task.label, task.machine.address) if len(chosen) > 1 else "")
-                        + line)
+                    reporter.task_line(task, line)
         return 0
-    hosts = Hosts([m for m, _ in cluster.machines()])
+    shown = Cluster(chosen)
+    machines = [m for m, _ in shown.machines()]
+    hosts = Hosts(machines)
     try:
-        poller = Poller(hosts, cluster, record.id, prefix=len(chosen) > 1)
-        while True:
-            poller.poll(only=chosen)
-            if not follow or not any(poller.states.get(t.label, {}).get("alive") for t in chosen):
-                return 0
-            time.sleep(POLL_SECONDS)
+        # Following a run writes nothing: the records are the launcher's (or stop's).
+        monitor = Monitor(hosts, shown, None, reporter)
+        states, unreachable = attach(hosts, shown, record.id, from_start=True)
+        warn_unreachable(reporter, unreachable)
+        monitor.states.update(states)
+        monitor.pump(0)
+        while follow and any(monitor.states.get(t.label, {}).get("alive") for t in chosen) \
+                and len(monitor.closed_links) < len(machines):
+            monitor.pump(WAKE_SECONDS)
+        monitor.close()
     except KeyboardInterrupt:
         return 0
     finally:
         hosts.close()
+    return 0
 
 
-def stop(runs_dir, run_id=None, grace=10.0):
+def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
     """Stop every task of a run (idempotent), collect its logs and close its record."""
+    reporter = reporter or PlainReporter()
     record = pick(runs_dir, run_id, active_only=run_id is None)
     cluster = cluster_from_record(record)
     was_active = record.active
     hosts = Hosts([m for m, _ in cluster.machines()])
     try:
-        poller = Poller(hosts, cluster, record.id, echo=False)
-        finish_state = None
         if was_active:
-            poller.poll()
-            finish(hosts, cluster, record, poller, None, grace, stopped_by_user=True)
-            finish_state = record.get("state")
+            for task in cluster.tasks:  # the agents send every log again from its start
+                path = os.path.join(record.dir, task.name + ".log")
+                if os.path.exists(path):
+                    os.truncate(path, 0)
+            monitor = Monitor(hosts, cluster, record.dir, PlainReporter(echo=False))
+            states, unreachable = attach(hosts, cluster, record.id, from_start=True)
+            monitor.states.update(states)
+            finish(hosts, cluster, record, monitor, None, grace, reporter, stopped_by_user=True,
+                   lost={m.key for m, _ in unreachable})
         else:
-            from tfcluster.launcher import stop_tasks
-            leftovers = stop_tasks(hosts, cluster, record.id, grace)
+            states, unreachable = attach(hosts, cluster, record.id, from_start=False)
+            leftovers = stop_tasks(hosts, cluster, grace, skip={m.key for m, _ in unreachable})
             if leftovers:
                 raise RunFailed("run %s: %s" % (record.id, "; ".join(leftovers)))
     finally:
         hosts.close()
     if record.get("leftovers"):
         raise RunFailed("run %s: tasks could not be stopped: %s"
-                         % (record.id, "; ".join(record["leftovers"])))
-    note("run %s: %s; no task left running, ports free" % (
-        record.id, finish_state or "already ended (%s)" % record.get("state")))
+                        % (record.id, "; ".join(record["leftovers"])))
+    reporter.note("run %s: %s; no task left running, ports free" % (
+        record.id, record.get("state") if was_active else
+        "already ended (%s)" % record.get("state")))
     return 0
 
 
-def history(runs_dir):
+def history(runs_dir, reporter=None):
+    reporter = reporter or PlainReporter()
     records = runs.all_runs(runs_dir)
     if not records:
-        note("no runs yet in %s" % runs_dir)
+        reporter.note("no runs yet in %s" % runs_dir)
         return 0
-    out("%-40s %-22s %-12s %-26s %s" % ("RUN", "EXAMPLE", "STATE", "CREATED", "TASKS"))
+    reporter.out("%-40s %-22s %-12s %-26s %s" % ("RUN", "EXAMPLE", "STATE", "CREATED", "TASKS"))
     for record in records:
-        out("%-40s %-22s %-12s %-26s %d" % (record.id, record.get("example"), record.get("state"),
-                                            record.get("created"), len(record.get("tasks", {}))))
+        reporter.out("%-40s %-22s %-12s %-26s %d" % (
+            record.id, record.get("example"), record.get("state"), record.get("created"),
+            len(record.get("tasks", {}))))
     return 0

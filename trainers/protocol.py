@@ -69,3 +69,203 @@ def parse_line(line):
                 return None
             return (kind, value) if isinstance(value, dict) else None
     return None
+
+
+# ---------------------------------------------------------------- the trainer code's identity
+
+HASHED_SUFFIXES = (".py", ".yml", ".yaml", ".json", ".txt")
+
+
+def code_hash(directory):
+    """Content hash of the trainer code: relative paths and bytes of every source file."""
+    import hashlib
+    import os
+    digest = hashlib.sha256()
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(files):
+            if not name.endswith(HASHED_SUFFIXES):
+                continue
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, directory).replace(os.sep, "/")
+            with open(path, "rb") as handle:
+                digest.update(rel.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- agent <-> controller messages
+#
+# One JSON object per line, {"type": KIND, ...fields}. The controller starts one agent per machine
+# (`agent.py serve`) and talks to it over the agent's stdin/stdout: a local pipe or one SSH channel.
+# Task specs and their environment travel here, never on a command line.
+
+from dataclasses import asdict, dataclass, field, fields  # noqa: E402
+
+MESSAGES = {}
+
+
+def message(cls):
+    cls = dataclass(cls)
+    MESSAGES[cls.kind] = cls
+    return cls
+
+
+def encode(msg):
+    return json.dumps(dict(asdict(msg), type=msg.kind), separators=(",", ":")) + "\n"
+
+
+def decode(line):
+    """The message a line carries; ValueError for anything else."""
+    data = json.loads(line)
+    cls = MESSAGES.get(data.pop("type", None)) if isinstance(data, dict) else None
+    if cls is None:
+        raise ValueError("not a tfcluster message: %r" % line[:200])
+    known = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# controller -> agent
+
+@message
+class Preflight:
+    kind = "preflight"
+    python: str
+    ports: list
+    code_dir: str
+    cache_dir: str = ""
+
+
+@message
+class Start:
+    """Start TASKS (dicts: name, command, env, env_prepend, cwd, port) in a new run folder."""
+    kind = "start"
+    run_dir: str
+    tasks: list
+    lease: float = 0.0
+    restart: bool = False  # start tasks again in the existing folder (the restart policy)
+
+
+@message
+class Attach:
+    """Watch an existing run folder; stream logs from the start (or only from now)."""
+    kind = "attach"
+    run_dir: str
+    from_start: bool = True
+
+
+@message
+class Stop:
+    kind = "stop"
+    names: list
+    ports: list
+    grace: float = 10.0
+
+
+@message
+class Collect:
+    """Send the run folder's files under these subfolders (TensorBoard events...)."""
+    kind = "collect"
+    folders: list
+
+
+@message
+class Ping:
+    kind = "ping"
+
+
+@message
+class Detach:
+    """The controller leaves; the tasks go on without a lease."""
+    kind = "detach"
+
+
+# agent -> controller
+
+@message
+class Hello:
+    kind = "hello"
+    pid: int
+    hostname: str
+    boot_id: str
+
+
+@message
+class Report:
+    kind = "report"
+    report: dict
+
+
+@message
+class Accepted:
+    """The request was taken (start, detach); its effects follow as events."""
+    kind = "accepted"
+
+
+@message
+class Started:
+    kind = "started"
+    name: str
+    pid: int
+    time: float
+
+
+@message
+class Listening:
+    kind = "listening"
+    name: str
+    port: int
+
+
+@message
+class Output:
+    """Whole lines a task printed (a partial last line only once it ended)."""
+    kind = "output"
+    name: str
+    text: str
+
+
+@message
+class Exited:
+    kind = "exited"
+    name: str
+    code: int | None
+    state: str  # exited | lost
+
+
+@message
+class Attached:
+    kind = "attached"
+    tasks: dict = field(default_factory=dict)  # name -> {pid, alive, exit, state}
+
+
+@message
+class Stopped:
+    kind = "stopped"
+    tasks: dict
+    busy_ports: list
+    remaining: list
+
+
+@message
+class File:
+    kind = "file"
+    path: str
+    data: str  # base64
+
+
+@message
+class Collected:
+    kind = "collected"
+    count: int
+
+
+@message
+class Heartbeat:
+    kind = "heartbeat"
+
+
+@message
+class Error:
+    """A request failed; the message says why, in one line."""
+    kind = "error"
+    message: str

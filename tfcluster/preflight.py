@@ -1,0 +1,100 @@
+"""Preflight: every machine checked in parallel, through its agent, before anything starts."""
+import os
+
+from tfcluster.catalog import trainers_dir
+from tfcluster.errors import PreflightError
+from tfcluster.hosts import HostError, Hosts
+from trainers import protocol as P
+
+# The agent imports TensorFlow once per interpreter and install; later preflights use the cache.
+IMPORT_SECONDS = 150
+
+
+def controller_code_hash():
+    return P.code_hash(trainers_dir())
+
+
+def runs_this_checkout(machine):
+    """A local slot whose code is this very checkout cannot be stale."""
+    return machine.is_local and os.path.realpath(os.path.join(machine.root, "trainers")) == \
+        os.path.realpath(trainers_dir())
+
+
+def preflight(hosts, cluster, expect_code=True):
+    """Open every machine's agent and check it; returns ({machine key: report}, [problem])."""
+    controller_hash = controller_code_hash()
+
+    def check(link):
+        machine = link.machine
+        if link.hello is None:
+            link.open()
+        ports = [t.port for t in cluster.tasks if t.machine.key == machine.key and t.port]
+        cache = os.path.join(os.path.expanduser("~"), ".cache", "tfcluster") \
+            if machine.is_local else ""
+        return link.request(P.Preflight(python=machine.python, ports=ports,
+                                        code_dir=machine.root.rstrip("/") + "/trainers",
+                                        cache_dir=cache),
+                            timeout=IMPORT_SECONDS, what="to the preflight").report
+
+    machines = [m for m, _ in cluster.machines()]
+    outcomes = hosts.each(check, machines,
+                          timeout=max(m.connect_timeout for m in machines) + IMPORT_SECONDS + 30)
+    problems, reports = [], {}
+    for machine in machines:
+        report = outcomes[machine.key]
+        if isinstance(report, Exception):
+            reason = report.reason if isinstance(report, HostError) else str(report)
+            reports[machine.key] = {"error": reason}
+            problems.append("%s: %s" % (machine.label, reason))
+            continue
+        reports[machine.key] = report
+        if not report.get("python_ok"):
+            problems.append("%s: %s" % (machine.label, report.get("error")))
+        busy = [p for p, free in report.get("ports", {}).items() if not free]
+        if busy:
+            problems.append("%s: port(s) %s already in use: stop what uses them (`tfcluster stop`) "
+                            "or set tfcluster_port_base" % (machine.label, ", ".join(busy)))
+        if expect_code and report.get("code_hash") != controller_hash and \
+                not runs_this_checkout(machine):
+            problems.append("%s: its trainer code differs from this checkout's: rerun "
+                            "ansible-playbook playbooks/deploy.yml" % machine.label)
+    versions = {r.get("tf_version") for r in reports.values() if r.get("tf_version")}
+    if len(versions) > 1:
+        listing = ", ".join("%s=%s" % (m.label, reports[m.key].get("tf_version"))
+                            for m in machines if reports[m.key].get("tf_version"))
+        problems.append("TensorFlow versions differ (%s): deploy the same version everywhere"
+                        % listing)
+    return reports, problems
+
+
+def print_preflight(reporter, cluster, reports):
+    controller_hash = controller_code_hash()
+    reporter.out("%-22s %-9s %-10s %-5s %-5s %-12s %s" % ("HOST", "REACHED", "TF", "CPUS", "GPUS",
+                                                           "PORTS", "CODE"))
+    for machine, tasks in cluster.machines():
+        report = reports.get(machine.key, {})
+        if "error" in report and "python_ok" not in report:
+            reporter.out("%-22s %-9s %s" % (machine.label, "no", report["error"]))
+            continue
+        ports = report.get("ports", {})
+        busy = [p for p, free in ports.items() if not free]
+        code = report.get("code_hash")
+        reporter.out("%-22s %-9s %-10s %-5s %-5s %-12s %s" % (
+            machine.label, "yes", report.get("tf_version") or "MISSING", report.get("cpus", "?"),
+            len(report.get("gpus", [])),
+            ("busy " + ",".join(busy)) if busy else "%d free" % len(ports),
+            "same" if code == controller_hash or runs_this_checkout(machine)
+            else ("stale" if code else "missing")))
+
+
+def check_hosts(cluster, reporter):
+    """`tfcluster check`: the preflight alone, with a per-host table."""
+    hosts = Hosts([m for m, _ in cluster.machines()])
+    try:
+        reports, problems = preflight(hosts, cluster)
+    finally:
+        hosts.close()
+    print_preflight(reporter, cluster, reports)
+    if problems:
+        raise PreflightError("preflight failed: " + "; ".join(problems))
+    reporter.note("all %d host(s) ready" % len(reports))

@@ -1,0 +1,71 @@
+"""What each task gets: its command, environment, threads and working folder."""
+import json
+import os
+
+from tfcluster.catalog import task_command
+
+
+def host_run_dir(machine, run_id):
+    return machine.workdir.rstrip("/") + "/" + run_id
+
+
+def thread_plan(cluster, reports, options):
+    """Intra/inter-op threads per task: a fair share of the machine's cores."""
+    plan = {}
+    for machine, tasks in cluster.machines():
+        cpus = int(reports.get(machine.key, {}).get("cpus") or os.cpu_count() or 1)
+        share = max(1, cpus // len(tasks))
+        for task in tasks:
+            # Two inter-op threads at least: ParameterServerStrategy deadlocks with one.
+            plan[task.label] = (options.intra_op_threads or share, options.inter_op_threads or 2)
+    return plan
+
+
+def gpu_env(task, cluster):
+    try:
+        from tfcluster import gpus
+    except ImportError:
+        gpus = None
+    if gpus is not None and hasattr(gpus, "task_env"):
+        return gpus.task_env(task, cluster)
+    if task.cuda_visible_devices is not None:
+        return {"CUDA_VISIBLE_DEVICES": task.cuda_visible_devices}
+    return {}
+
+
+def task_specs(cluster, options, run_id, threads):
+    """{task label: spec}; a spec is what the agent needs to start the task."""
+    specs = {}
+    example = options.example
+    for task in cluster.tasks:
+        machine = task.machine
+        run_dir = host_run_dir(machine, run_id)
+        checkpoint_dir = host_run_dir(machine, options.resume or run_id) + "/checkpoints"
+        command = task_command(example, cluster, task, run_dir, checkpoint_dir,
+                               options.user_args, options.smoke)
+        intra, inter = threads[task.label]
+        env = {"TF_CONFIG": json.dumps(cluster.tf_config(task), separators=(",", ":")),
+               "TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(inter),
+               "OMP_NUM_THREADS": str(intra), "PYTHONUNBUFFERED": "1",
+               "TF_CPP_MIN_LOG_LEVEL": "1",
+               "TFCLUSTER_RUN_ID": run_id, "TFCLUSTER_TASK": task.label,
+               "TFCLUSTER_RUN_DIR": run_dir}
+        env.update(gpu_env(task, cluster))
+        env.update(options.env)
+        if example.name == "custom":
+            cwd = options.cwd or (os.getcwd() if machine.is_local else machine.root)
+        else:
+            cwd = run_dir
+        specs[task.label] = {
+            "name": task.name, "command": command, "env": env, "cwd": cwd,
+            "env_prepend": {"PATH": os.path.dirname(machine.python), "PYTHONPATH": machine.root},
+            # The agent reports when a ps listens: the workers may start at once, TensorFlow
+            # clients wait for their servers, but a ps that never listens fails the run.
+            "port": task.port if task.job == "ps" else None,
+        }
+    return specs
+
+
+def public_spec(spec):
+    """A spec as records keep it: variable names, never their values (secrets stay out)."""
+    return dict({k: v for k, v in spec.items() if k != "env"}, env_names=sorted(spec["env"]))

@@ -1,0 +1,154 @@
+"""The end of a run: stop every task on every machine in parallel, collect what was not streamed
+(TensorBoard events), write the run's records and print the summary."""
+import base64
+import json
+import os
+import signal
+import threading
+
+from tfcluster import runs
+from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
+from tfcluster.hosts import HostError
+from tfcluster.monitor import TAIL_LINES, policy_met, task_state
+from tfcluster.summary import print_summary
+from trainers import protocol as P
+
+COLLECTED_FOLDERS = ("tensorboard",)
+
+
+def stop_tasks(hosts, cluster, grace, skip=()):
+    """Stop every task of the run on every reachable machine; returns the leftovers, if any."""
+    def stop(link):
+        mine = [t for t in cluster.tasks if t.machine.key == link.machine.key]
+        if link.hello is None:
+            link.open()
+        return link.request(P.Stop(names=[t.name for t in mine],
+                                   ports=[t.port for t in mine if t.port], grace=grace),
+                            timeout=grace + 20, what="to stop its tasks")
+
+    machines = [m for m, _ in cluster.machines() if m.key not in skip]
+    outcomes = hosts.each(stop, machines, timeout=grace + 25)
+    leftovers = ["%s: unreachable, its tasks stop themselves when their lease runs out"
+                 % m.label for m, _ in cluster.machines() if m.key in skip]
+    for machine in machines:
+        answer = outcomes[machine.key]
+        if isinstance(answer, Exception):
+            leftovers.append("%s: could not stop tasks: %s" % (
+                machine.label, answer.reason if isinstance(answer, HostError) else answer))
+            continue
+        if answer.remaining:
+            leftovers.append("%s: still running: %s" % (machine.label, ", ".join(answer.remaining)))
+        if answer.busy_ports:
+            leftovers.append("%s: ports still busy: %s"
+                             % (machine.label, ", ".join(map(str, answer.busy_ports))))
+    return leftovers
+
+
+def collect_files(hosts, cluster, record_dir, skip=()):
+    """Copy the host run folders' TensorBoard events into the controller's run folder."""
+    def collect(link):
+        files = []
+        link.request(P.Collect(folders=list(COLLECTED_FOLDERS)), timeout=120,
+                     what="to send its files", collect=files)
+        for item in files:
+            local = safe_join(record_dir, item.path)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "wb") as handle:
+                handle.write(base64.b64decode(item.data))
+        return len(files)
+
+    machines = [m for m, _ in cluster.machines() if m.key not in skip]
+    outcomes = hosts.each(collect, machines, timeout=150)
+    return ["%s: %s" % (m.label, outcomes[m.key]) for m in machines
+            if isinstance(outcomes[m.key], Exception)]
+
+
+def safe_join(folder, relative):
+    """FOLDER/RELATIVE, refusing names that would leave FOLDER."""
+    path = os.path.normpath(os.path.join(folder, relative))
+    if os.path.isabs(relative) or not path.startswith(os.path.normpath(folder) + os.sep):
+        raise ValueError("the agent sent a file outside the run folder: %r" % relative)
+    return path
+
+
+def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by_user=False,
+           lost=()):
+    """Stop everything, collect, record the end, print the summary."""
+    with signals_deferred(reporter):
+        leftovers = stop_tasks(hosts, cluster, grace, skip=lost)
+        monitor.pump(0)
+        problems = collect_files(hosts, cluster, record.dir, skip=lost)
+        hosts.close()
+        monitor.pump(0)
+        monitor.close()
+    for line in leftovers + problems:
+        reporter.note("WARNING " + line)
+    met = policy_met(cluster, monitor.states, record.get("success_policy", "all_workers"))
+    state = ("succeeded" if met else "stopped") if stopped_by_user else end_state(outcome)
+    tasks = record.data.setdefault("tasks", {})
+    for task in cluster.tasks:
+        entry = tasks.setdefault(task.label, {})
+        st = monitor.states.get(task.label, {})
+        entry.update(exit=st.get("exit"), state=task_state(task, st), log=task.name + ".log")
+        if task.label in monitor.first_step_s:
+            entry["first_step_s"] = monitor.first_step_s[task.label]
+        if st.get("exit") is not None:
+            write_private(os.path.join(record.dir, task.name + ".status"), "%d\n" % st["exit"])
+        if task.label in monitor.results:
+            record.data.setdefault("results", {})[task.label] = monitor.results[task.label]
+    record.data.update(state=state, ended=runs.now(), leftovers=leftovers,
+                       collection_problems=problems,
+                       exit_code=(0 if met else None) if stopped_by_user else
+                       (0 if outcome is None else outcome.exit_code))
+    if outcome is not None:
+        record.data["failure"] = str(outcome)
+    record.save()
+    print_summary(reporter, cluster, record)
+    if isinstance(outcome, RunFailed) and outcome.task is not None:
+        reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
+        for line in monitor.tails[outcome.task.label]:
+            reporter.out("    " + line)
+    reporter.note("logs and run.json in %s" % record.dir)
+
+
+def write_private(path, text):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+def write_task_records(record_dir, cluster, public_specs):
+    for task in cluster.tasks:
+        write_private(os.path.join(record_dir, task.name + ".task.json"),
+                      json.dumps(public_specs[task.label], indent=1))
+
+
+def end_state(outcome):
+    if outcome is None:
+        return "succeeded"
+    if isinstance(outcome, RunTimedOut):
+        return "timed_out"
+    if isinstance(outcome, RunInterrupted):
+        return "interrupted"
+    return "failed"
+
+
+class signals_deferred:
+    """Teardown is not interrupted by a second Ctrl-C; it is bounded by the stop grace anyway."""
+
+    def __init__(self, reporter):
+        self.reporter = reporter
+        self.previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._remind)
+                             for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _remind(self, signum, frame):
+        self.reporter.note("already stopping every task; please wait")
+
+    def __exit__(self, *exc):
+        for sig, handler in (self.previous or {}).items():
+            signal.signal(sig, handler)

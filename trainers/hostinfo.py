@@ -1,0 +1,101 @@
+"""What a host can tell about itself before a run: interpreter, TensorFlow, ports, GPUs, code.
+
+Standard library only; used by the agent's preflight.
+"""
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from trainers.protocol import code_hash
+
+
+def port_is_free(port):
+    """True when nothing listens on PORT on any address (TF servers bind the wildcard address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Like gRPC, ignore TIME_WAIT leftovers of closed connections: only a listener counts.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def port_is_listening(port, host="127.0.0.1"):
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def python_report(python, cache_dir=None):
+    """Version of TensorFlow importable by PYTHON, or the reason it is not.
+
+    A successful import is remembered in CACHE_DIR, keyed by the interpreter and the installed
+    TensorFlow package's path and modification time: a reinstall or upgrade invalidates it.
+    """
+    locate = ("import importlib.util, os; s = importlib.util.find_spec('tensorflow'); "
+              "print(repr((os.path.realpath(s.origin), os.path.getmtime(s.origin))) if s else '')")
+    try:
+        found = subprocess.run([python, "-c", locate], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        return {"python_ok": False, "error": "no interpreter at %s (tfcluster_python): run "
+                "ansible-playbook playbooks/deploy.yml or set tfcluster_python" % python}
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"python_ok": False, "error": "cannot run %s: %s" % (python, err)}
+    if found.returncode != 0 or not found.stdout.strip():
+        return {"python_ok": False, "error": "%s cannot import tensorflow: it is not installed"
+                % python}
+    key = hashlib.sha256((os.path.realpath(python) + found.stdout).encode()).hexdigest()[:16]
+    cache = os.path.join(cache_dir, ".preflight-%s.json" % key) if cache_dir else None
+    if cache and os.path.exists(cache):
+        try:
+            with open(cache) as handle:
+                return dict(json.load(handle), cached=True)
+        except (OSError, ValueError):
+            pass  # a damaged cache entry is checked again
+    probe = "import tensorflow as tf, sys; print(tf.__version__); print(sys.version.split()[0])"
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    except subprocess.TimeoutExpired:
+        return {"python_ok": False, "error": "importing tensorflow with %s took over 120 s" % python}
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1]
+        return {"python_ok": False, "error": "%s cannot import tensorflow: %s" % (python, last)}
+    lines = out.stdout.strip().splitlines()
+    report = {"python_ok": True, "tf_version": lines[-2], "python_version": lines[-1]}
+    if cache:
+        os.makedirs(cache_dir, exist_ok=True)
+        write_atomic(cache, json.dumps(report))
+    return report
+
+
+def gpu_names():
+    """The lines of `nvidia-smi -L` ("GPU 0: NAME (UUID: ...)"); none without a driver."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+
+
+def preflight_report(python, ports, code_dir, cache_dir=None):
+    report = {"hostname": socket.gethostname(), "cpus": os.cpu_count() or 1,
+              "agent_python": sys.executable}
+    report.update(python_report(python, cache_dir))
+    report["ports"] = {str(p): port_is_free(int(p)) for p in ports}
+    report["code_hash"] = code_hash(code_dir) if os.path.isdir(code_dir) else None
+    report["gpus"] = gpu_names()
+    return report

@@ -1,0 +1,202 @@
+"""One task under its supervisor, and the records that let anyone stop it later. Stdlib only.
+
+A supervisor (`agent.py supervise`) starts its task in a new session and process group, copies
+the task's output to NAME.log and to the agent, honours the controller's lease and writes the exit
+status. It outlives the agent, so a run's tasks keep being recorded if the agent dies.
+
+Run folder (0700, files 0600), per task: NAME.log, NAME.pid (the group leader's pid, its start time
+and the boot id: a pid is only signalled while all three still match), NAME.status (exit status,
+128+N for signal N), NAME.task.json (command, cwd and the NAMES of its environment variables:
+values never reach a file). Per run: .lease (touched while a controller is connected) and
+.detached (present when no lease applies).
+"""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+LEASE_CHECK_SECONDS = 1.0
+
+
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def start_time(pid):
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_json(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def read_int(path):
+    try:
+        with open(path) as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _group_exists(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_is_ours(record):
+    """True while the process group RECORD names is still the one we started.
+
+    After a reboot (another boot id) or once the leader's pid was reused (another start time) it
+    is someone else's. A group whose leader exited but whose children live on cannot have been
+    reused: Linux never hands out a pid that is still some group's id.
+    """
+    if not record or not record.get("pid"):
+        return False
+    pgid = int(record["pid"])
+    if record.get("boot") != boot_id():
+        return False
+    started = start_time(pgid)
+    if started is not None:
+        return started == record.get("start") and _group_exists(pgid)
+    return _group_exists(pgid)
+
+
+def task_names(run_dir):
+    try:
+        return sorted(n[:-len(".pid")] for n in os.listdir(run_dir) if n.endswith(".pid"))
+    except OSError:
+        return []
+
+
+def task_state(run_dir, name):
+    record = read_json(os.path.join(run_dir, name + ".pid"))
+    code = read_int(os.path.join(run_dir, name + ".status"))
+    alive = code is None and group_is_ours(record)
+    if code is None and not alive:
+        state = "lost"  # supervisor gone without a record: the end is unknown
+    else:
+        state = "running" if alive else "exited"
+    return {"pid": (record or {}).get("pid"), "alive": alive, "exit": code, "state": state}
+
+
+def kill_group(run_dir, name, grace):
+    """TERM the task's group, KILL it after GRACE seconds; True when it is gone (or not ours)."""
+    record = read_json(os.path.join(run_dir, name + ".pid"))
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+        if not group_is_ours(record):
+            return True
+        try:
+            os.killpg(int(record["pid"]), sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not group_is_ours(record):
+                return True
+            time.sleep(0.02)
+    return not group_is_ours(record)
+
+
+def lease_expired(run_dir, lease_seconds):
+    if not lease_seconds or os.path.exists(os.path.join(run_dir, ".detached")):
+        return False
+    try:
+        return time.time() - os.path.getmtime(os.path.join(run_dir, ".lease")) > lease_seconds
+    except OSError:
+        return False
+
+
+def supervise(run_dir, name, lease):
+    """Run the task whose spec arrives on stdin; its output goes to NAME.log and to stdout."""
+    spec = json.loads(sys.stdin.read())
+    sys.stdin.close()
+    base = os.path.join(run_dir, name)
+    env = dict(os.environ)
+    env.update(spec.get("env") or {})
+    for var, value in (spec.get("env_prepend") or {}).items():
+        env[var] = value + (os.pathsep + env[var] if env.get(var) else "")
+    record = {k: v for k, v in spec.items() if k != "env"}
+    record["env_names"] = sorted(spec.get("env") or {})
+    write_atomic(base + ".task.json", json.dumps(record))
+    log_fd = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    agent = sys.stdout.buffer
+
+    def emit(data):
+        nonlocal agent
+        os.write(log_fd, data)
+        if agent is not None:
+            try:
+                agent.write(data)
+                agent.flush()
+            except (BrokenPipeError, OSError):
+                agent = None  # the agent is gone; the log file still gets everything
+
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", spec["command"]], cwd=spec.get("cwd") or None,
+                                env=env, stdin=subprocess.DEVNULL, stdout=write_end,
+                                stderr=write_end, start_new_session=True)
+    except OSError as err:
+        emit(("tfcluster agent: cannot start task: %s\n" % err).encode())
+        write_atomic(base + ".status", "127")
+        return
+    finally:
+        os.close(write_end)
+    write_atomic(base + ".pid", json.dumps({"pid": proc.pid, "start": start_time(proc.pid),
+                                            "boot": boot_id(), "supervisor": os.getpid()}))
+    exited = os.pidfd_open(proc.pid)
+    open_fds = [read_end, exited]
+    while True:
+        ready, _, _ = select.select(open_fds, [], [], LEASE_CHECK_SECONDS)
+        if read_end in ready:
+            data = os.read(read_end, 65536)
+            if data:
+                emit(data)
+            else:
+                open_fds.remove(read_end)
+        if exited in ready and proc.poll() is not None:
+            break
+        if lease_expired(run_dir, lease):
+            emit(b"tfcluster agent: controller lease expired, stopping the task\n")
+            kill_group(run_dir, name, grace=5)
+    # The task ended: pass on what it wrote last (children that keep the pipe open are cut off).
+    os.set_blocking(read_end, False)
+    try:
+        while read_end in open_fds:
+            data = os.read(read_end, 65536)
+            if not data:
+                break
+            emit(data)
+    except BlockingIOError:
+        pass
+    code = proc.returncode
+    write_atomic(base + ".status", str(code if code >= 0 else 128 - code))
