@@ -9,6 +9,7 @@ from conftest import assert_run_clean, run_record, tfcluster
 from trainers import protocol
 
 LAUNCH_TIMEOUT = 240  # the launcher stops everything itself after this long
+START_TIMEOUT = 180   # a ps importing TensorFlow on a loaded 2-core machine can take minutes
 MIN_POINTS = 5        # metrics points every training task reports, even in --smoke runs
 
 
@@ -17,7 +18,8 @@ def launch(local_env, example, *trainer_args, run_id=None, options=()):
     inventory, runs_dir = local_env
     run_id = run_id or "test-" + example
     argv = ["launch", example, "-i", inventory, "--smoke", "--run-id", run_id,
-            "--timeout", str(LAUNCH_TIMEOUT)] + list(options)
+            "--timeout", str(LAUNCH_TIMEOUT), "--start-timeout", str(START_TIMEOUT)]
+    argv += list(options)
     if trainer_args:
         argv += ["--"] + list(trainer_args)
     tfcluster(*argv, runs_dir=runs_dir, check=0, timeout=LAUNCH_TIMEOUT + 90)

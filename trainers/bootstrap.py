@@ -43,6 +43,12 @@ class ClusterInfo:
     def device(self):
         return "/job:%s/task:%d" % (self.job, self.index)
 
+    def compute_device(self, num_gpus=0):
+        """Where this task computes: its GPU (index modulo NUM_GPUS) or its CPU."""
+        if num_gpus > 0:
+            return "%s/device:GPU:%d" % (self.device, self.index % num_gpus)
+        return "%s/cpu:0" % self.device
+
     @property
     def label(self):
         return "%s:%d" % (self.job, self.index)
@@ -256,6 +262,19 @@ def log(message):
 def make_parser(description):
     return argparse.ArgumentParser(description=description,
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
+def trainer_parser(doc, mnist=True, checkpoints=True):
+    """The parser a trainer starts from: DOC's first line, the cluster flags, --seed and
+    --log_every, and unless switched off the checkpoint flags and where MNIST data is read."""
+    parser = make_parser(doc.splitlines()[0])
+    add_cluster_flags(parser)
+    add_training_flags(parser)
+    if checkpoints:
+        add_checkpoint_flags(parser)
+    if mnist:
+        add_mnist_flags(parser)
+    return parser
 
 
 def quiet_tensorflow():

@@ -24,8 +24,7 @@ DEEP_NUMERIC = ["age", "education_num", "capital_gain", "capital_loss", "hours_p
 
 
 def build_parser():
-    parser = bootstrap.make_parser(__doc__.splitlines()[0])
-    bootstrap.add_cluster_flags(parser)
+    parser = bootstrap.trainer_parser(__doc__, mnist=False, checkpoints=False)
     parser.add_argument("--data_dir", default="/tmp/census-data", help="adult.data and adult.test")
     parser.add_argument("--dataset", default="census", choices=["census", "synthetic"],
                         help="synthetic: generated rows of the census schema, for offline runs")
@@ -41,7 +40,6 @@ def build_parser():
     parser.add_argument("--dnn_learning_rate", type=float, default=0.05, help="Adagrad, deep part")
     parser.add_argument("--drop_missing", action="store_true",
                         help="skip rows with a missing value '?' (default: '?' is a category)")
-    bootstrap.add_training_flags(parser)
     return parser
 
 

@@ -31,9 +31,7 @@ MASTER_JOB = "chief"
 
 
 def build_parser():
-    parser = bootstrap.make_parser(__doc__.splitlines()[0])
-    bootstrap.add_cluster_flags(parser)
-    bootstrap.add_mnist_flags(parser)
+    parser = bootstrap.trainer_parser(__doc__)
     parser.add_argument("--train_steps", type=int, default=1000,
                         help="target global step (one step = one averaged update)")
     parser.add_argument("--batch_size", type=int, default=100, help="per worker and step")
@@ -44,8 +42,6 @@ def build_parser():
                         help="longest wait for a gradient or a token before giving up")
     parser.add_argument("--finish_wait_secs", type=float, default=120.0,
                         help="how long the master waits for the workers to finish at the end")
-    bootstrap.add_training_flags(parser)
-    bootstrap.add_checkpoint_flags(parser)
     return parser
 
 

@@ -18,9 +18,7 @@ from trainers import bootstrap, data, loop, models
 
 
 def build_parser():
-    parser = bootstrap.make_parser(__doc__.splitlines()[0])
-    bootstrap.add_cluster_flags(parser)
-    bootstrap.add_mnist_flags(parser)
+    parser = bootstrap.trainer_parser(__doc__)
     parser.add_argument("--epochs", type=int, default=20,
                         help="passes over the whole training set, shared by all workers")
     parser.add_argument("--train_steps", type=int, default=0,
@@ -31,8 +29,6 @@ def build_parser():
     parser.add_argument("--hidden_units", type=int, default=100)
     parser.add_argument("--finish_wait_secs", type=float, default=120.0,
                         help="how long the chief waits for the other workers before its final save")
-    bootstrap.add_training_flags(parser)
-    bootstrap.add_checkpoint_flags(parser)
     return parser
 
 

@@ -8,9 +8,7 @@ from trainers import bootstrap, data, loop, models
 
 
 def build_parser():
-    parser = bootstrap.make_parser(__doc__.splitlines()[0])
-    bootstrap.add_cluster_flags(parser)
-    bootstrap.add_mnist_flags(parser)
+    parser = bootstrap.trainer_parser(__doc__)
     parser.add_argument("--download_only", action="store_true",
                         help="only check that the data is present, then exit")
     parser.add_argument("--num_gpus", type=int, default=1, help="GPUs per worker (0 for CPU)")
@@ -24,8 +22,6 @@ def build_parser():
                         help="aggregate gradients of all replicas before each update")
     parser.add_argument("--existing_servers", action="store_true",
                         help="use servers started elsewhere (grpc_server.py) instead of our own")
-    bootstrap.add_training_flags(parser)
-    bootstrap.add_checkpoint_flags(parser)
     return parser
 
 
@@ -33,13 +29,10 @@ def build_model(dataset, args, info, num_workers):
     """The graph: placement, the network, the (sync) optimizer. Returns a dict of tensors/ops."""
     import tensorflow as tf
     v1 = tf.compat.v1
-    if args.num_gpus > 0:
-        worker_device = "%s/device:GPU:%d" % (info.device, info.index % args.num_gpus)
-    else:
-        worker_device = "%s/cpu:0" % info.device
-    with v1.device(v1.train.replica_device_setter(worker_device=worker_device,
-                                                  ps_device="/job:ps/cpu:0",
-                                                  cluster=info.cluster_spec())):
+    setter = v1.train.replica_device_setter(worker_device=info.compute_device(args.num_gpus),
+                                            ps_device="/job:ps/cpu:0",
+                                            cluster=info.cluster_spec())
+    with v1.device(setter):
         global_step = v1.train.get_or_create_global_step()
         x = v1.placeholder(tf.float32, [None, int(dataset.train_x.shape[1])], name="x")
         y = v1.placeholder(tf.int64, [None], name="y")

@@ -21,9 +21,7 @@ FC_UNITS = (256, 128)
 
 
 def build_parser():
-    parser = bootstrap.make_parser(__doc__.splitlines()[0])
-    bootstrap.add_cluster_flags(parser)
-    bootstrap.add_mnist_flags(parser)
+    parser = bootstrap.trainer_parser(__doc__)
     parser.add_argument("--num_devices", type=int, default=2,
                         help="towers: GPUs when there are enough, else logical CPU devices")
     parser.add_argument("--epochs", type=int, default=30)
@@ -34,8 +32,6 @@ def build_parser():
                         help="training examples held out for validation (at most a fifth)")
     parser.add_argument("--padding", choices=["auto", "valid", "same"], default="auto",
                         help="auto: VALID as the seed for 28x28 images, SAME for 8x8 digits")
-    bootstrap.add_training_flags(parser)
-    bootstrap.add_checkpoint_flags(parser)
     return parser
 
 

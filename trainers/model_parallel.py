@@ -13,17 +13,13 @@ layers go to ps tasks 0 and 1; with a single ps task both layers share it.
 from trainers import bootstrap, data, loop, models
 
 def build_parser():
-    parser = bootstrap.make_parser(__doc__.splitlines()[0])
-    bootstrap.add_cluster_flags(parser)
-    bootstrap.add_mnist_flags(parser)
+    parser = bootstrap.trainer_parser(__doc__)
     parser.add_argument("--train_steps", type=int, default=2000, help="target global step")
     parser.add_argument("--batch_size", type=int, default=100)
     parser.add_argument("--learning_rate", type=float, default=0.001, help="Adam")
     parser.add_argument("--hidden_units", type=int, default=256)
     parser.add_argument("--print_placement", action="store_true",
                         help="log every variable's device (also in the result line)")
-    bootstrap.add_training_flags(parser)
-    bootstrap.add_checkpoint_flags(parser)
     return parser
 
 

@@ -18,14 +18,10 @@ COLLECTIVES = ("auto", "ring", "nccl")
 
 
 def build_parser():
-    parser = bootstrap.make_parser(__doc__.splitlines()[0])
-    bootstrap.add_cluster_flags(parser)
-    bootstrap.add_mnist_flags(parser)
+    parser = bootstrap.trainer_parser(__doc__)
     models.add_classifier_flags(parser, "synchronous steps")
     parser.add_argument("--collective", default="auto", choices=COLLECTIVES,
                         help="all-reduce implementation (ring: gRPC, nccl: GPUs)")
-    bootstrap.add_training_flags(parser)
-    bootstrap.add_checkpoint_flags(parser)
     return parser
 
 

@@ -18,17 +18,13 @@ PARTITIONERS = ("fixed", "min_size", "none")
 
 
 def build_parser():
-    parser = bootstrap.make_parser(__doc__.splitlines()[0])
-    bootstrap.add_cluster_flags(parser)
-    bootstrap.add_mnist_flags(parser)
+    parser = bootstrap.trainer_parser(__doc__)
     models.add_classifier_flags(parser, "training steps the coordinator schedules")
     parser.add_argument("--partitioner", default="fixed", choices=PARTITIONERS,
                         help="fixed: every variable in --num_shards shards; min_size: shards of "
                              "at least --min_shard_bytes (at most one per ps); none: no sharding")
     parser.add_argument("--num_shards", type=int, default=0, help="fixed: shards (0: one per ps)")
     parser.add_argument("--min_shard_bytes", type=int, default=256 << 10)
-    bootstrap.add_training_flags(parser)
-    bootstrap.add_checkpoint_flags(parser)
     return parser
 
 
