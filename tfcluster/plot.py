@@ -57,6 +57,10 @@ def write_png(run_dirs, out_path):
         axis.set_xlabel("global step" if against == "step" else "seconds since the first point")
         axis.set_ylabel("loss" if value == "loss" else "examples/s")
         axis.grid(True, alpha=0.3)
+        values = [y for line in axis.lines for y in line.get_ydata()]
+        # A loss falling by orders of magnitude is flat on a linear axis after the first points.
+        if value == "loss" and values and min(values) > 0 and max(values) > 50 * min(values):
+            axis.set_yscale("log")
         if axis.lines:
             axis.legend(fontsize="small")
     figure.suptitle(", ".join(run_id for run_id, _ in runs))
