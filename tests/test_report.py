@@ -148,12 +148,17 @@ def test_make_reporter_picks_live_only_on_a_terminal(monkeypatch):
     assert type(make_reporter(plain=True, stream=Terminal())) is PlainReporter
     assert type(make_reporter(logs=True, stream=Terminal())) is PlainReporter
     assert make_reporter(verbose=True, stream=io.StringIO()).verbose
-    live = make_reporter(stream=Terminal())
+    stream = Terminal()
+    live = make_reporter(stream=stream)
     try:
         assert isinstance(live, LiveReporter)
+        live.note("preflight failed")
+        assert render(live).strip() == ""   # no empty table before a task started
         live.task_started(make_task(), 1)
     finally:
         live.close()
+    assert "tfcluster: preflight failed" in stream.getvalue()
+    assert "worker:0" in stream.getvalue()   # the last frame stays on the terminal
     monkeypatch.setenv("TERM", "dumb")
     assert type(make_reporter(stream=Terminal())) is PlainReporter
 

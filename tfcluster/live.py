@@ -124,6 +124,9 @@ class LiveReporter(Reporter):
         """The table, the cluster line and the log tail, as one rich renderable."""
         now = time.time()
         latest = self.metrics.latest()
+        with self._lock:
+            if not self._rows:
+                return Group()  # before any task started (preflight, or its error): no table
         table = Table(box=None, pad_edge=False, header_style="bold")
         for name, justify in (("TASK", "left"), ("STATE", "left"), ("HOST", "left"),
                               ("STEP", "right"), ("LOSS", "right"), ("EXAMPLES/S", "right"),
