@@ -46,6 +46,7 @@ def test_store_writes_jsonl_and_keeps_the_latest(tmp_path):
     assert total["examples_per_s"] == 800.0 and total["step"] == 30
     assert total["steps_per_s"] == pytest.approx(1.0)       # 20 steps in 20 s
     assert total["eta_s"] == pytest.approx(100.0)
+    assert store.aggregate(tasks={"worker:1"})["examples_per_s"] == 300.0
     loaded = metrics.load(str(tmp_path))
     assert loaded.latest() == store.latest()
     assert len(loaded.records) == 3

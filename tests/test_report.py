@@ -106,6 +106,8 @@ def test_live_reporter_renders_a_row_per_task_and_the_cluster():
         reporter.task_line(chief, line)
     reporter.task_restarted(worker, 1)
     text = render(reporter)
+    reporter.task_exited(chief, 0, "succeeded")
+    assert "cluster: 700 examples/s" in render(reporter)   # the ended chief no longer counts
     rows = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
     assert rows["chief:0"][1:6] == ["running", "gpu1", "100", "(25%)", "1"]
     assert rows["chief:0"][6] == "800"

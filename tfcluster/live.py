@@ -157,7 +157,10 @@ class LiveReporter(Reporter):
         return Group(*parts)
 
     def cluster_line(self, now=None):
-        total = self.metrics.aggregate(self.target, now)
+        with self._lock:
+            running = {label for label, row in self._rows.items() if row.exit is None}
+        # While some task trains, those that ended add nothing to the throughput.
+        total = self.metrics.aggregate(self.target, now, running or None)
         parts = ["cluster: %s examples/s" % ("{:,.0f}".format(total["examples_per_s"])
                                              if total["examples_per_s"] is not None else "-")]
         if total["step"] is not None:

@@ -62,14 +62,16 @@ class MetricsStore:
         with self._lock:
             return dict(self._latest)
 
-    def aggregate(self, target_step=None, now=None):
+    def aggregate(self, target_step=None, now=None, tasks=None):
         """The cluster as a whole: {"examples_per_s", "step", "steps_per_s", "eta_s"}.
 
-        examples_per_s sums every task's newest figure; the step is the highest any task reported;
+        examples_per_s sums the newest figure of every task (of TASKS, labels, when given: those
+        still training); the step is the highest any task reported;
         the step rate is measured over the last RATE_WINDOW_S seconds; eta_s needs TARGET_STEP.
         """
         with self._lock:
-            rates = [r.get("examples_per_s") for r in self._latest.values()]
+            rates = [r.get("examples_per_s") for label, r in self._latest.items()
+                     if tasks is None or label in tasks]
             steps = list(self._steps)
         rates = [rate for rate in rates if isinstance(rate, (int, float))]
         result = {"examples_per_s": sum(rates) if rates else None,
