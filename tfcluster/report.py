@@ -11,6 +11,7 @@ shown as they are (they are the task's final word, and scripts grep for them).
 """
 import re
 import sys
+import threading
 
 from trainers.protocol import parse_line
 
@@ -118,10 +119,12 @@ class PlainReporter(Reporter):
         self.prefix = prefix
         self.echo = echo
         self.verbose = verbose
+        self._lock = threading.Lock()  # one whole line at a time from every thread
 
     def _write(self, text):
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        with self._lock:
+            self.stream.write(text + "\n")
+            self.stream.flush()
 
     def _task_write(self, task, text):
         self._write(("[%s %s] " % (task.label, task.machine.address) if self.prefix else "") + text)
