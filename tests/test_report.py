@@ -125,6 +125,14 @@ def test_live_reporter_renders_a_row_per_task_and_the_cluster():
     reporter.close()
 
 
+def test_a_point_can_name_the_target_step():
+    reporter = LiveReporter(console=Console(file=io.StringIO()), live=False)
+    worker = make_task()
+    reporter.task_started(worker, 1)
+    reporter.task_metric(worker, {"step": 30, "target_step": 120, "time": time.time()})
+    assert "30 (25%)" in render(reporter)
+
+
 def test_live_reporter_shows_a_failure_at_once():
     console = Console(file=io.StringIO(), width=140, color_system=None)
     reporter = LiveReporter(console=console, live=False)

@@ -106,6 +106,9 @@ class LiveReporter(Reporter):
     def task_metric(self, task, point):
         self._row(task)
         self.metrics.add(task, point)
+        # A program may say where it ends; set_target (the launcher's knowledge) wins.
+        if not self.target and isinstance(point.get("target_step"), (int, float)):
+            self.target = int(point["target_step"])
 
     def task_exited(self, task, code, state):
         row = self._row(task)
