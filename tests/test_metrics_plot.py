@@ -102,10 +102,16 @@ def test_plot_command_overlays_two_runs(tmp_path, capsys, monkeypatch):
     assert "wrote %s" % out in capsys.readouterr().out
 
 
-def test_plot_unknown_run_is_a_usage_error(tmp_path, capsys):
+def test_plot_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert cli.main(["--runs-dir", str(tmp_path), "plot", "nope"]) == 2
     err = capsys.readouterr().err
     assert "no run nope" in err and len(err.strip().splitlines()) == 1
+    fake_run(tmp_path, "r1", points=1)
+    (tmp_path / "file").write_text("")
+    assert cli.main(["--runs-dir", str(tmp_path), "plot", "r1", "-o",
+                     str(tmp_path / "file" / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tfcluster: error: cannot write ") and err.count("\n") == 1
 
 
 def test_tensorboard_missing_is_one_line_exit_2(tmp_path, capsys, monkeypatch):

@@ -65,9 +65,14 @@ def write_png(run_dirs, out_path):
             axis.legend(fontsize="small")
     figure.suptitle(", ".join(run_id for run_id, _ in runs))
     figure.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    figure.savefig(out_path, dpi=80)
-    pyplot.close(figure)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        figure.savefig(out_path, dpi=80, format="png")
+    except OSError as err:
+        raise UsageError("cannot write %s: %s (pick another -o FILE)"
+                         % (out_path, err.strerror or err)) from None
+    finally:
+        pyplot.close(figure)
     return labels
 
 
