@@ -68,15 +68,23 @@ def test_efficiency():
     assert metrics.efficiency(1000.0, None, 2) is None
 
 
-def test_metrics_png_is_a_png_with_one_line_per_task(tmp_path):
+def spy_on_labels(monkeypatch):
+    """The legend labels of every write_png call."""
+    drawn = []
+    real = plot.write_png
+    monkeypatch.setattr(plot, "write_png", lambda dirs, out: drawn.append(real(dirs, out)))
+    return drawn
+
+
+def test_metrics_png_is_a_png_with_one_line_per_task(tmp_path, monkeypatch):
     run_dir = fake_run(tmp_path, "r1", tasks=("chief:0", "worker:0", "worker:1"))
+    drawn = spy_on_labels(monkeypatch)
     out = tmp_path / "r1" / "metrics.png"
-    labels = plot.write_png([run_dir], str(out))
-    assert labels == ["chief:0", "worker:0", "worker:1"]
+    assert plot.write_run_png(run_dir) == str(out)
+    assert drawn == [["chief:0", "worker:0", "worker:1"]]
     width, height = png_size(out)
     assert (width, height) == (960, 640)
     assert out.stat().st_size > 20000   # four panels of curves, not an empty canvas
-    assert plot.write_run_png(run_dir) == str(out)
 
 
 def test_run_without_points_gets_no_png(tmp_path):
@@ -90,9 +98,7 @@ def test_run_without_points_gets_no_png(tmp_path):
 def test_plot_command_overlays_two_runs(tmp_path, capsys, monkeypatch):
     fake_run(tmp_path / "runs", "one-worker", tasks=("worker:0",), rate=100.0)
     fake_run(tmp_path / "runs", "two-workers", rate=180.0)
-    drawn = []
-    real = plot.write_png
-    monkeypatch.setattr(plot, "write_png", lambda dirs, out: drawn.append(real(dirs, out)))
+    drawn = spy_on_labels(monkeypatch)
     out = tmp_path / "compare.png"
     code = cli.main(["--runs-dir", str(tmp_path / "runs"), "plot", "one-worker", "two-workers",
                      "-o", str(out)])

@@ -21,6 +21,10 @@ def _series(store):
     return dict(sorted(by_task.items()))
 
 
+def _cannot_write(path, err):
+    return UsageError("cannot write %s: %s (pick another -o FILE)" % (path, err.strerror or err))
+
+
 def write_png(run_dirs, out_path):
     """Draw the runs in RUN_DIRS into OUT_PATH; returns the legend labels drawn.
 
@@ -31,6 +35,10 @@ def write_png(run_dirs, out_path):
     if empty:
         raise UsageError("run %s has no metrics (no TFCLUSTER_METRIC points in its "
                          "metrics.jsonl): nothing to plot" % ", ".join(empty))
+    try:  # before drawing: a bad -o FILE fails at once
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    except OSError as err:
+        raise _cannot_write(out_path, err) from None
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib import pyplot
@@ -66,11 +74,9 @@ def write_png(run_dirs, out_path):
     figure.suptitle(", ".join(run_id for run_id, _ in runs))
     figure.tight_layout()
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         figure.savefig(out_path, dpi=80, format="png")
     except OSError as err:
-        raise UsageError("cannot write %s: %s (pick another -o FILE)"
-                         % (out_path, err.strerror or err)) from None
+        raise _cannot_write(out_path, err) from None
     finally:
         pyplot.close(figure)
     return labels
