@@ -10,6 +10,8 @@ Use it from a test module with
         testhosts.key          # client private key (Path)
         testhosts.known_hosts  # known_hosts with every host key (Path)
         testhosts.ssh("th1", "hostname")   # CompletedProcess
+        with testhosts.outsider() as argv: # a 4th machine on the bridge, in no inventory
+            subprocess.run(argv + ["python3", ...])
 
 The fixture runs `scripts/testhosts up 3` once per session and ALWAYS runs
 `scripts/testhosts down` at teardown, even when up or a test failed. It skips
@@ -41,6 +43,7 @@ REPO = TESTS_DIR.parent
 SCRIPT = REPO / "scripts" / "testhosts"
 SESSION_LOCK = Path("/run/lock/tfc-testhosts.session.lock")
 SESSION_HOSTS = 3
+OUTSIDER_ADDR = "10.231.0.200"  # HostSet.outsider(): far above the hosts' 10.231.0.11..30
 
 
 def _load_script():
@@ -163,6 +166,31 @@ class HostSet:
         r = run_script("link", i, updown)
         if r.returncode != 0:
             raise RuntimeError(f"testhosts link {i} {updown} failed: {r.stderr.strip()}")
+
+    def netns_argv(self, host):
+        """argv prefix running a command in HOST's network namespace, without SSH."""
+        i = host if isinstance(host, int) else [n for n, _ in self.hosts].index(host) + 1
+        return ["ip", "netns", "exec", th.ns_name(i)]
+
+    @contextlib.contextmanager
+    def outsider(self):
+        """A machine on the hosts' bridge that no inventory names: network namespace tfc-out at
+        OUTSIDER_ADDR. Yields its `ip netns exec` argv prefix; removed on exit (and by `down`,
+        which removes every tfc-* namespace, should the test process die)."""
+        th.TOOL.update(th.find_tools()[0])
+        ns, veth = "tfc-out", "tfc-vout"
+        try:
+            th.ip("netns", "add", ns)
+            th.ip("-n", ns, "link", "set", "lo", "up")
+            th.ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            th.ip("link", "set", veth, "master", th.BRIDGE)
+            th.ip("link", "set", veth, "up")
+            th.ip("-n", ns, "addr", "add", f"{OUTSIDER_ADDR}/24", "dev", "eth0")
+            th.ip("-n", ns, "link", "set", "eth0", "up")
+            yield ["ip", "netns", "exec", ns]
+        finally:
+            th.ip("netns", "del", ns, check=False)
+            th.ip("link", "del", veth, check=False)  # gone with the namespace, unless that failed
 
 
 @contextlib.contextmanager
