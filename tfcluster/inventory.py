@@ -4,11 +4,14 @@ Groups are TensorFlow job names. Every inventory host in a job group is one slot
 may point at the same machine through `ansible_host`.
 """
 import contextlib
+import hashlib
 import io
 import ipaddress
 import math
 import os
+import pickle
 import re
+import sys
 from dataclasses import dataclass, field
 
 from tfcluster.errors import UsageError
@@ -93,8 +96,80 @@ def _parse_failure_reason(warnings):
     return "not valid YAML or INI inventory"
 
 
+CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "tfcluster")
+# Templates whose value can change while the files do not: such inventories are read every time.
+VOLATILE = re.compile(rb"lookup\(|query\(|\bq\(|now\(|random|^\s*plugin\s*:", re.M)
+
+
 def load_slots(path):
-    """Every slot of every job group in PATH, in inventory order, with resolved variables."""
+    """Every slot of every job group in PATH, in inventory order, with resolved variables.
+
+    Reading an inventory costs over a second of ansible-core imports, more than the rest of a
+    launch's overhead: the slots of an inventory whose files have not changed (and that uses no
+    lookups, plugins or scripts) come from a cache in ~/.cache/tfcluster."""
+    key = _cache_key(path)
+    cache = os.path.join(CACHE_DIR, "inventory-%s.pickle" % key) if key else None
+    if cache:
+        try:
+            with open(cache, "rb") as handle:
+                return pickle.load(handle)
+        except (OSError, pickle.PickleError, EOFError, AttributeError, ImportError):
+            pass
+    slots = read_slots(path)
+    if cache:
+        try:
+            os.makedirs(CACHE_DIR, exist_ok=True)
+            tmp = "%s.%d.tmp" % (cache, os.getpid())
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
+                pickle.dump(slots, handle)
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # no cache, no harm
+    return slots
+
+
+def _inventory_files(path):
+    """The files ansible-core reads for PATH: itself (or its tree) and group_vars/host_vars."""
+    base = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    tops = [path] if os.path.isdir(path) else []
+    tops += [os.path.join(base, "group_vars"), os.path.join(base, "host_vars")]
+    files = [path] if os.path.isfile(path) else []
+    for top in tops:
+        for root, dirs, names in os.walk(top):
+            dirs.sort()
+            files += [os.path.join(root, n) for n in sorted(names)]
+    return sorted(set(files))
+
+
+def _cache_key(path):
+    if not path or not os.path.exists(path):
+        return None
+    digest = hashlib.sha256()
+    try:
+        import importlib.util
+        ansible = importlib.util.find_spec("ansible")  # its version, without importing it
+        with open(os.path.join(os.path.dirname(ansible.origin), "release.py"), "rb") as handle:
+            ansible_version = handle.read()
+        with open(__file__, "rb") as handle:
+            digest.update(handle.read())
+        digest.update(repr((os.path.abspath(path), sys.executable, ansible_version,
+                            sorted((k, v) for k, v in os.environ.items()
+                                   if k.startswith("ANSIBLE_")))).encode())
+        for name in _inventory_files(path):
+            if os.access(name, os.X_OK):
+                return None  # a script inventory: its output may change at any time
+            with open(name, "rb") as handle:
+                content = handle.read()
+            if VOLATILE.search(content):
+                return None
+            digest.update(name.encode() + b"\0" + hashlib.sha256(content).digest())
+    except OSError:
+        return None
+    return digest.hexdigest()[:32]
+
+
+def read_slots(path):
+    """load_slots without the cache."""
     if not path:
         raise UsageError("no inventory given: pass -i INVENTORY (for example -i inventory/local.yml)")
     if not os.path.exists(path):
@@ -152,7 +227,7 @@ def _slot(hostname, job, host_vars, templar):
     )
     port = get("tfcluster_port")
     return Slot(
-        name=hostname, job=job, machine=machine,
+        name=str(hostname), job=str(job), machine=machine,
         port=None if port is None else _int(port, "tfcluster_port", hostname),
         port_base=_int(get("tfcluster_port_base", DEFAULT_PORT_BASE), "tfcluster_port_base", hostname),
         gpus=_gpus(get("tfcluster_gpus"), hostname),

@@ -9,7 +9,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tfcluster import runs
+from tfcluster import gpus, runs
+from tfcluster.catalog import check_templates
 from tfcluster.errors import (PreflightError, RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
 from tfcluster.hosts import HostError, Hosts
@@ -75,6 +76,7 @@ class Launch:
             self.monitor.wake()
 
     def run(self):
+        os.umask(0o077)  # run folders and records are private: logs may hold what tasks print
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             return self._run()
@@ -93,9 +95,12 @@ class Launch:
             len(self.cluster.machines())))
         reports, problems = preflight(self.hosts, self.cluster,
                                       expect_code=options.example.name != "custom")
+        problems += gpus.problems(self.cluster, reports)
         print_preflight(self.reporter, self.cluster, reports)
         if problems:
             raise PreflightError("preflight failed, nothing started: " + "; ".join(problems))
+        # Every training task on a GPU machine gets GPUs of its own; the others see none.
+        self.cluster = gpus.assign(self.cluster, reports)
         specs = task_specs(self.cluster, options, self.run_id,
                            thread_plan(self.cluster, reports, options))
         self._write_record(reports, specs)
@@ -262,4 +267,5 @@ def launch(inventory_path, options, load_slots, reporter=None):
     if not cluster.job_tasks("worker") and not cluster.job_tasks("chief"):
         raise UsageError("inventory %s has no [worker] or [chief] hosts: nothing would train"
                          % inventory_path)
+    check_templates(example, cluster)
     return Launch(cluster, options, inventory_path, reporter).run()

@@ -4,7 +4,7 @@ its run folder's records still tell."""
 import os
 
 from tfcluster import runs
-from tfcluster.errors import RunFailed
+from tfcluster.errors import RunFailed, UsageError
 from tfcluster.hosts import HostError, Hosts
 from tfcluster.inventory import Machine
 from tfcluster.monitor import Monitor, policy_met, tracked
@@ -22,7 +22,10 @@ def cluster_from_record(record):
                 for m in record.get("machines", [])]
     tasks = []
     for label, entry in record.get("tasks", {}).items():
-        machine = next(m for m in machines if m.address == entry["host"])
+        machine = next((m for m in machines if m.address == entry["host"]), None)
+        if machine is None:
+            raise UsageError("run %s: its run.json names no machine at %s: the record is damaged"
+                             % (record.id, entry["host"]))
         tasks.append(Task(entry["job"], entry["index"], entry["slot"], machine, entry["port"],
                           entry.get("cuda_visible_devices")))
     return Cluster(tasks)
@@ -39,8 +42,9 @@ def attach(hosts, cluster, run_id, from_start):
         return link.request(P.Attach(run_dir=host_run_dir(link.machine, run_id),
                                      from_start=from_start), timeout=30).tasks
 
-    outcomes = hosts.each(call, [m for m, _ in cluster.machines()],
-                          timeout=max(m.connect_timeout for m, _ in cluster.machines()) + 40)
+    machines = [m for m, _ in cluster.machines()]
+    outcomes = hosts.each(call, machines,
+                          timeout=max([m.connect_timeout for m in machines] or [0]) + 40)
     states, unreachable = {}, []
     for machine, tasks in cluster.machines():
         answer = outcomes[machine.key]
@@ -148,6 +152,7 @@ def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
 
 def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
     """Stop every task of a run (idempotent), collect its logs and close its record."""
+    os.umask(0o077)
     reporter = reporter or PlainReporter()
     record = pick(runs_dir, run_id, active_only=run_id is None)
     cluster = cluster_from_record(record)

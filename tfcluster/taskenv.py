@@ -2,6 +2,7 @@
 import json
 import os
 
+from tfcluster import gpus
 from tfcluster.catalog import task_command
 
 
@@ -21,18 +22,6 @@ def thread_plan(cluster, reports, options):
     return plan
 
 
-def gpu_env(task, cluster):
-    try:
-        from tfcluster import gpus
-    except ImportError:
-        gpus = None
-    if gpus is not None and hasattr(gpus, "task_env"):
-        return gpus.task_env(task, cluster)
-    if task.cuda_visible_devices is not None:
-        return {"CUDA_VISIBLE_DEVICES": task.cuda_visible_devices}
-    return {}
-
-
 def task_specs(cluster, options, run_id, threads):
     """{task label: spec}; a spec is what the agent needs to start the task."""
     specs = {}
@@ -50,7 +39,7 @@ def task_specs(cluster, options, run_id, threads):
                "TF_CPP_MIN_LOG_LEVEL": "1",
                "TFCLUSTER_RUN_ID": run_id, "TFCLUSTER_TASK": task.label,
                "TFCLUSTER_RUN_DIR": run_dir}
-        env.update(gpu_env(task, cluster))
+        env.update(gpus.task_env(task, cluster))
         env.update(options.env)
         if example.name == "custom":
             cwd = options.cwd or (os.getcwd() if machine.is_local else machine.root)
