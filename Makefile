@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEBIAN_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps rsync pciutils docker.io debootstrap ruby
+DEBIAN_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps rsync pciutils docker.io debootstrap ruby nftables
 
 .PHONY: setup system-packages demo test lint wheelhouse clean
 
