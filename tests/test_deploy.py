@@ -10,7 +10,6 @@ again (whatever happened) and stops the SSH connections Ansible kept open; the s
 Tests that launch across the deployed hosts take the `deployed` fixture and go where the marker
 comment is, before test_teardown_removes_everything (tests run in file order).
 """
-import base64
 import hashlib
 import io
 import json
@@ -291,27 +290,29 @@ def test_trainer_code_hash_matches(deployed):
         assert pyc == "0", "%s: compiled files were shipped" % name
 
 
-def test_stop_stops_running_tasks(deployed):
+def test_stop_stops_running_tasks(deployed, tmp_path):
+    """stop.yml stops what a detached launch left running on the workers' hosts."""
+    from conftest import run_record, tfcluster
     hosts, ansible, _ = deployed
-    spec = base64.b64encode(json.dumps({"tasks": [
-        {"name": "sleeper", "command": "exec sleep 600"}]}).encode()).decode()
-    run_dir = "%s/work/test-stop" % ROOT
-    for name in ("th2", "th3"):
-        out = hosts.ssh(name, "%s/venv/bin/python %s/trainers/agent.py start --dir %s --spec %s"
-                            % (ROOT, ROOT, run_dir, spec))
-        assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout)["started"]["sleeper"]
+    runs_dir = str(tmp_path / "runs")
+    proc = tfcluster("launch", "--cmd", "exec sleep 600", "-i", str(hosts.inventory), "--ps", "0",
+                     "--detach", runs_dir=runs_dir, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    pids = {t["host"]: t["pid"] for t in run_record(runs_dir)["tasks"].values()}
+    assert len(pids) == 2 and all(pids.values())
     stop = ansible.run("stop.yml", label="stop (2 tasks running)")
     assert stop.returncode == 0, explain(stop)
     assert stop.recap["th1"]["changed"] == 0
     assert stop.recap["th2"]["changed"] == 1 and stop.recap["th3"]["changed"] == 1, explain(stop)
-    for name in ("th2", "th3"):
-        out = hosts.ssh(name, "%s/venv/bin/python %s/trainers/agent.py poll --dir %s"
-                            % (ROOT, ROOT, run_dir))
-        assert json.loads(out.stdout)["tasks"]["sleeper"]["alive"] is False
+    for name, address in hosts.hosts:
+        if address in pids:
+            gone = hosts.ssh(name, "kill -0 %d" % pids[address])
+            assert gone.returncode != 0, "%s: task %d still running" % (name, pids[address])
     again = ansible.run("stop.yml", label="stop (nothing running)")
     assert again.returncode == 0, explain(again)
     assert all(again.recap[name]["changed"] == 0 for name, _ in hosts.hosts)
+    # The run's own stop now finds nothing to stop and closes the record.
+    assert tfcluster("stop", runs_dir=runs_dir, timeout=120).returncode == 0
 
 
 def test_launch_across_the_deployed_hosts(deployed, tmp_path):

@@ -30,7 +30,10 @@ def ssh_inventory(testhosts, tmp_path, known_hosts=None, connect_timeout=5):
         {w1}: {{ansible_host: {a1}}}
         {w2}: {{ansible_host: {a2}}}
 """.format(key=testhosts.key, known=known_hosts or testhosts.known_hosts, repo=REPO,
-           python=sys.executable, work=tmp_path / "work", timeout=connect_timeout,
+           python=sys.executable, timeout=connect_timeout,
+           # Each host's own /opt: hosts share every other folder, and a run folder is one
+           # machine's alone (an agent never adopts a folder another agent created).
+           work="/opt/tfc-ssh/%s/work" % tmp_path.name,
            ps_name=ps_name, ps_addr=ps_addr, w1=w1, a1=a1, w2=w2, a2=a2)
     path = tmp_path / "ssh.yml"
     path.write_text(text)
