@@ -69,10 +69,11 @@ def write_png(run_dirs, out_path):
         # A loss falling by orders of magnitude is flat on a linear axis after the first points.
         if value == "loss" and values and min(values) > 0 and max(values) > 50 * min(values):
             axis.set_yscale("log")
+            axis.minorticks_off()  # their labels cost more to lay out than the rest
         if axis.lines:
-            axis.legend(fontsize="small")
+            axis.legend(fontsize="small", loc="upper right")  # "best" costs a search
     figure.suptitle(", ".join(run_id for run_id, _ in runs))
-    figure.tight_layout()
+    figure.subplots_adjust(left=0.07, right=0.98, bottom=0.07, top=0.91, hspace=0.35, wspace=0.2)
     try:
         figure.savefig(out_path, dpi=80, format="png")
     except OSError as err:
