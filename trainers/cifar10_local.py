@@ -1,0 +1,103 @@
+"""CIFAR-10 on one host: --num_devices towers averaging their gradients (seeds 004 and 003).
+
+The towers are mnist_towers' (the same devices, the same gradient average): GPUs when the host
+has enough of them, else logical CPU devices. The variables live on the CPU; each tower computes
+the gradients of its slice of the batch on its device, the CPU averages and applies them.
+"""
+import os
+
+from trainers import bootstrap, cifar10_model as model, loop, mnist_towers, models, protocol
+
+
+def build_local(dataset, args, devices):
+    """Variables on the CPU, one tower per device on a slice of the batch, mean gradients."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    specs = model.param_specs(args, dataset.num_classes)
+    with v1.device("/device:CPU:0"):
+        global_step = v1.train.get_or_create_global_step()
+        params = [v1.get_variable(s[0], s[1], initializer=model.initializer(
+            tf, s, args.init, args.seed)) for s in specs]
+        images, labels = model.inputs(tf, args, "train")
+        image_parts = tf.split(images, len(devices))
+        label_parts = tf.split(labels, len(devices))
+    tower_grads, tower_losses = [], []
+    for index, device in enumerate(devices):
+        with v1.device(device), v1.name_scope("tower_%d" % index):
+            loss, _ = model.loss_and_accuracy(tf, model.inference(tf, image_parts[index], params),
+                                              label_parts[index])
+            tower_grads.append(tf.gradients(loss, params))
+            tower_losses.append(loss)
+    with v1.device("/device:CPU:0"):
+        mean = mnist_towers.average_gradients(tower_grads)
+        optimizer = v1.train.GradientDescentOptimizer(args.learning_rate)
+        train_op = optimizer.apply_gradients(list(zip(mean, params)), global_step=global_step)
+        loss = tf.add_n(tower_losses) / float(len(devices))
+        evaluation = model.build_eval(tf, args, params)
+    return {"global_step": global_step, "images": images, "labels": labels, "loss": loss,
+            "train_op": train_op, "eval": evaluation,
+            "tower_loss_devices": [t.device for t in tower_losses]}
+
+
+def check_devices(args):
+    """The tower count: --num_devices, else every GPU, else 2 CPU devices."""
+    count = args.num_devices or args.num_gpus or 2
+    if args.num_gpus and count > args.num_gpus:
+        raise SystemExit("--num_devices %d: this task sees only %d GPU(s)"
+                         % (count, args.num_gpus))
+    if args.batch_size % count:
+        raise SystemExit("--batch_size %d must be a multiple of --num_devices %d"
+                         % (args.batch_size, count))
+    return count
+
+
+def train_local(dataset, args, info=None):
+    """Train to --train_steps in this process; returns the result dict."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    count = check_devices(args)
+    _, devices = mnist_towers.make_devices(count)  # before anything touches the devices
+    v1.disable_eager_execution()
+    bootstrap.seed_everything(args.seed)
+    m = build_local(dataset, args, devices)
+    intra, inter = bootstrap.thread_counts()
+    config = mnist_towers.device_config(v1.ConfigProto(
+        allow_soft_placement=True, intra_op_parallelism_threads=intra,
+        inter_op_parallelism_threads=inter))
+    saver = v1.train.Saver(max_to_keep=2)
+    sess = bootstrap.session_manager().prepare_session(
+        "", init_op=v1.global_variables_initializer(), saver=saver,
+        checkpoint_dir=args.checkpoint_dir or None, config=config)
+    session_devices = sorted(d.name for d in sess.list_devices())
+    bootstrap.log("local: %d towers on %s; session devices %s"
+                  % (count, devices, session_devices))
+    initial = model.evaluate(sess, m["eval"], dataset, args)
+    start_step = step = int(sess.run(m["global_step"]))
+    batches = model.training_batches(dataset, args, seed=args.seed * 1000)
+    progress = loop.Progress(info, args, args.batch_size, start_step, *initial,
+                             expected_steps=args.train_steps - start_step)
+    while step < args.train_steps:
+        feed = dict(zip((m["images"], m["labels"]), next(batches)))
+        if progress.devices is None:  # the first step runs traced: which devices ran towers
+            (_, loss), stats = models.traced_run(sess, [m["train_op"], m["loss"]], feed)
+            progress.devices = models.placed_devices(stats)
+        else:
+            _, loss = sess.run([m["train_op"], m["loss"]], feed_dict=feed)
+        step += 1  # this process alone updates the variables
+        progress.tick(step, float(loss))
+    elapsed = progress.stop()
+    bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step)
+    final = model.evaluate(sess, m["eval"], dataset, args)
+    bootstrap.log("local: after step %d (%.2f s): test loss %.4f, accuracy %.4f (%s)"
+                  % (step, elapsed, final[0], final[1], dataset.name))
+    return progress.result(final[0], final[1], global_step=step, **model.extras(
+        args, dataset, num_devices=count, tower_devices=m["tower_loss_devices"],
+        session_devices=session_devices))
+
+
+def run(args):
+    info = None
+    if args.job_name or os.environ.get("TF_CONFIG"):
+        info = bootstrap.cluster_from_args(args)
+    protocol.report_result(train_local(model.load(args), args, info))
+    return 0
