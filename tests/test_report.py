@@ -104,7 +104,10 @@ def test_live_reporter_renders_a_row_per_task_and_the_cluster():
                                       "examples_per_s": 700.0, "time": start + 5 * i})
     for line in NOISE[:3] + ['TFCLUSTER_RESULT {"loss": 0.3}', "chief: scheduled 100 steps"]:
         reporter.task_line(chief, line)
+    reporter.task_exited(worker, 1, "failed")
     reporter.task_restarted(worker, 1)
+    assert "worker:0  restarting  gpu2" in render(reporter)
+    reporter.task_started(worker, 14)
     text = render(reporter)
     reporter.task_exited(chief, 0, "succeeded")
     assert "cluster: 700 examples/s" in render(reporter)   # the ended chief no longer counts

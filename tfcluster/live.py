@@ -21,8 +21,8 @@ from tfcluster.report import PlainReporter, Reporter, is_metric, is_noise
 from trainers.protocol import RESULT_PREFIX
 
 TAIL_LINES = 6
-STATE_STYLE = {"starting": "yellow", "running": "cyan", "succeeded": "green", "failed": "bold red",
-               "lost": "bold red", "stopped": "dim"}
+STATE_STYLE = {"starting": "yellow", "restarting": "yellow", "running": "cyan",
+               "succeeded": "green", "failed": "bold red", "lost": "bold red", "stopped": "dim"}
 
 
 def _age(seconds):
@@ -121,7 +121,7 @@ class LiveReporter(Reporter):
     def task_restarted(self, task, restarts):
         row = self._row(task)
         with self._lock:
-            row.restarts, row.state = restarts, "running"
+            row.restarts, row.state, row.exit = restarts, "restarting", None
 
     def render(self):
         """The table, the cluster line and the log tail, as one rich renderable."""
