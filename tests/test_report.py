@@ -22,10 +22,11 @@ NOISE = [
     "the appropriate compiler flags.",
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
     "W0000 00:00:1795327149.555327    8225 local_rendezvous.cc:412] Local rendezvous is aborting "
-    "with status: ABORTED: Cleanup 133735273278776408 [type.googleapis.com/tensorflow.DerivedStatus='']",
-    "W0000 00:00:1795327245.078343   10819 dataset.cc:997] Input of GeneratorDatasetOp::Dataset will "
-    "not be optimized because the dataset does not implement the AsGraphDefInternal() method needed "
-    "to apply optimizations.",
+    "with status: ABORTED: Cleanup 133735273278776408 "
+    "[type.googleapis.com/tensorflow.DerivedStatus='']",
+    "W0000 00:00:1795327245.078343   10819 dataset.cc:997] Input of GeneratorDatasetOp::Dataset "
+    "will not be optimized because the dataset does not implement the AsGraphDefInternal() "
+    "method needed to apply optimizations.",
     "I0000 00:00:1795327335.255199   19709 grpc_server_lib.cc:467] Started server with target: "
     "grpc://localhost:29999",
     "W0000 00:00:1795328033.971640   24837 xplane_to_step_stats.cc:84] GPU trace was not "
@@ -64,7 +65,8 @@ def plain_output(verbose):
     task = make_task()
     for line in NOISE + KEPT:
         reporter.task_line(task, line)
-    reporter.task_line(task, 'TFCLUSTER_METRIC {"step": 120, "loss": 0.53, "examples_per_s": 840.0}')
+    reporter.task_line(task, 'TFCLUSTER_METRIC {"step": 120, "loss": 0.53, '
+                             '"examples_per_s": 840.0}')
     reporter.task_metric(task, {"step": 120, "loss": 0.53, "examples_per_s": 840.0, "time": 1.0})
     return stream.getvalue().splitlines()
 
@@ -98,8 +100,8 @@ def test_live_reporter_renders_a_row_per_task_and_the_cluster():
         reporter.task_started(task, pid)
     start = time.time() - 10
     for i, step in enumerate((0, 50, 100)):
-        reporter.task_metric(chief, {"step": step, "loss": 2.0 - step / 100, "examples_per_s": 800.0,
-                                     "time": start + 5 * i})
+        reporter.task_metric(chief, {"step": step, "loss": 2.0 - step / 100,
+                                     "examples_per_s": 800.0, "time": start + 5 * i})
         reporter.task_metric(worker, {"step": step, "loss": 2.1 - step / 100,
                                       "examples_per_s": 700.0, "time": start + 5 * i})
     for line in NOISE[:3] + ['TFCLUSTER_RESULT {"loss": 0.3}', "chief: scheduled 100 steps"]:

@@ -20,7 +20,7 @@ def _label(task):
 
 
 class MetricsStore:
-    """Points of one run; written to RUN_DIR/metrics.jsonl as they come (RUN_DIR None: memory only)."""
+    """Points of one run, written to RUN_DIR/metrics.jsonl as they come (no RUN_DIR: in memory)."""
 
     def __init__(self, run_dir=None):
         self.path = os.path.join(run_dir, FILE) if run_dir else None
@@ -31,7 +31,7 @@ class MetricsStore:
         self._file = None
 
     def add(self, task, point):
-        """Store POINT (a dict with "step") of TASK (a spec.Task or its label); returns the record."""
+        """Store POINT (a dict with "step") of TASK (a spec.Task or a label); returns the record."""
         record = dict(point, task=_label(task))
         record.setdefault("time", time.time())
         with self._lock:
