@@ -8,8 +8,8 @@ import os
 from conftest import assert_run_clean, run_record, tfcluster
 from trainers import protocol
 
-LAUNCH_TIMEOUT = 240  # the launcher stops everything itself after this long
-START_TIMEOUT = 180   # a ps importing TensorFlow on a loaded 2-core machine can take minutes
+LAUNCH_TIMEOUT = 300  # the launcher stops everything itself after this long
+START_TIMEOUT = 240   # a ps importing TensorFlow on a loaded 2-core machine can take minutes
 MIN_POINTS = 5        # metrics points every training task reports, even in --smoke runs
 
 

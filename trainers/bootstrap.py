@@ -234,11 +234,48 @@ def graph_session(info, server, checkpoint_dir, config=None, **manager_ops):
     or initialises, the others wait. MANAGER_OPS go to session_manager()."""
     import tensorflow as tf
     v1 = tf.compat.v1
+    start_barrier_ops(info)
     saver = v1.train.Saver(max_to_keep=2)
     sess = prepare_session(info, server, session_manager(**manager_ops),
                            v1.global_variables_initializer(), saver, checkpoint_dir,
                            config if config is not None else session_config(info))
     return sess, saver
+
+
+BARRIER = "tfcluster_start_barrier"
+
+
+def start_barrier_ops(info):
+    """The graph's start barrier, for start_barrier(): each worker leaves a token in every
+    other worker's queue on ps:0, then takes num_workers - 1 tokens from its own."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    count = info.num_workers
+    if count < 2 or not info.num_ps or info.job != "worker":
+        return
+    with v1.device("/job:ps/task:0/cpu:0"):
+        queues = [v1.FIFOQueue(count, [tf.int32], shapes=[[]], name="start_barrier_%d" % i,
+                               shared_name="%s_%d" % (BARRIER, i)) for i in range(count)]
+        arrive = tf.group(*[q.enqueue(info.index) for i, q in enumerate(queues)
+                            if i != info.index])
+        wait = queues[info.index].dequeue_many(count - 1)
+    v1.add_to_collection(BARRIER, arrive)
+    v1.add_to_collection(BARRIER, wait)
+
+
+def start_barrier(sess, info, timeout_s=600):
+    """Wait until every worker got here, so that all of them train: without it a worker whose
+    start (TensorFlow's import) was slower can find the target step already reached."""
+    import tensorflow as tf
+    ops = tf.compat.v1.get_collection(BARRIER)
+    if not ops:
+        return
+    sess.run(ops[0])
+    try:
+        sess.run(ops[1], options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_s * 1000)))
+    except tf.errors.DeadlineExceededError:
+        raise SystemExit("%s: the other workers did not start within %ds"
+                         % (info.label, timeout_s))
 
 
 def save_checkpoint(sess, saver, checkpoint_dir, global_step):

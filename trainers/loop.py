@@ -167,6 +167,7 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
     shard = dataset.shard(info.index, info.num_workers)
     batches = data.batches(shard.train_x, shard.train_y, args.batch_size,
                            seed=(args.seed, info.index))
+    bootstrap.start_barrier(sess, info)
     start = int(sess.run(model["global_step"]))
     initial_loss, initial_accuracy = evaluate_fn()
     progress = Progress(info, args, args.batch_size, start, initial_loss, initial_accuracy,
@@ -188,4 +189,8 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
         if info.is_chief and every and progress.local_steps % every == 0:
             bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step)
     progress.stop()
+    if progress.devices is None:  # no step left to take: trace the model on one example
+        _, progress.step_stats = models.traced_run(
+            sess, model["loss"], feed((dataset.test_x[:1], dataset.test_y[:1])))
+        progress.devices = models.placed_devices(progress.step_stats, info.device)
     return progress, evaluate_fn
