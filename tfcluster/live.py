@@ -65,9 +65,10 @@ class LiveReporter(Reporter):
         self._lock = threading.RLock()
         self._live = None
         if live:
+            # Anything else printed meanwhile (warnings) goes above the table, not through it.
             self._live = Live(console=self.console, get_renderable=self.render,
-                              refresh_per_second=4, transient=False, redirect_stdout=False,
-                              redirect_stderr=False)
+                              refresh_per_second=4, transient=False, redirect_stdout=True,
+                              redirect_stderr=True)
             self._live.start()
 
     def _row(self, task):
