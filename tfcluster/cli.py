@@ -104,7 +104,7 @@ def build_parser():
                         "environment is not sent to remote hosts")
     p.add_argument("--cwd", help="with --cmd: working directory on the hosts")
     p.add_argument("--plain", action="store_true",
-                   help="prefixed lines instead of the live table (the default when not a terminal)")
+                   help="prefixed lines, not the live table (the default when not a terminal)")
     p.add_argument("--verbose", action="store_true",
                    help="show every line, TensorFlow's start-up and shutdown notices included")
     p.add_argument("--logs", action="store_true", help="show the tasks' raw output streams")
