@@ -12,7 +12,7 @@ gradients and what the reply carries:
                queue on the ps and an applier thread of worker 0 applies them later (all
                those waiting in one update, which for SGD equals applying them in turn)
   hogwild      lock-free: apply ops with use_locking=False, and the reply does not wait for
-               them; its learning rate is divided by the number of workers (see cifar10.py)
+               them; its learning rate is divided by workers + 1 (see cifar10.py)
   multi_ps     like hogwild, but every variable is partitioned across 2+ ps tasks and the
                reply waits for this worker's update
 
