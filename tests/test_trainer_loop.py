@@ -73,7 +73,7 @@ def test_event_files_load_in_tensorflows_reader(tmp_path, monkeypatch, capsys):
     info = bootstrap.ClusterInfo({"chief": ["a:1"], "worker": ["b:1"]}, "chief", 0)
     progress = loop.Progress(info, argparse.Namespace(log_every=1), 8, 0, 2.0, 0.1)
     for step in range(1, 4):
-        progress.tick(step, loss=1.0 / step)
+        progress.tick(step, loss=np.float32(1.0 / step))  # as sess.run returns it
     progress.result(0.25, 0.75, devices=["/device:CPU:0"])
     (name,) = os.listdir(tmp_path / "tensorboard" / "chief-0")
     scalars = {}

@@ -76,9 +76,10 @@ class Scalars:
         if self._writer is None:
             return
         v1 = self._tf.compat.v1
-        summary = v1.Summary(value=[v1.Summary.Value(tag=tag, simple_value=float(value))
-                                    for tag, value in sorted(values.items())
-                                    if isinstance(value, (int, float)) and math.isfinite(value)])
+        scalars = {tag: float(value) for tag, value in values.items() if value is not None}
+        summary = v1.Summary(value=[v1.Summary.Value(tag=tag, simple_value=value)
+                                    for tag, value in sorted(scalars.items())
+                                    if math.isfinite(value)])
         self._write(v1.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def close(self):
