@@ -155,7 +155,7 @@ def test_gpu_fact_counts_nvidia_controllers(tmp_path):
     fake.chmod(0o755)
     out = subprocess.run([fact], env={"PATH": "%s:/usr/bin:/bin" % tmp_path}, capture_output=True,
                          text=True, check=True)
-    assert yaml.safe_load(out.stdout) == {"count": 2, "lspci": True}
+    assert yaml.safe_load(out.stdout) == {"count": 2, "nvswitch": 0, "blackwell": False, "lspci": True}
     empty = tmp_path / "empty"
     empty.mkdir()
     for tool in ("sh", "grep", "printf"):
@@ -163,7 +163,7 @@ def test_gpu_fact_counts_nvidia_controllers(tmp_path):
             os.symlink(shutil.which(tool), empty / tool)
     out = subprocess.run(["/bin/sh", fact], env={"PATH": str(empty)}, capture_output=True,
                          text=True, check=True)
-    assert yaml.safe_load(out.stdout) == {"count": 0, "lspci": False}
+    assert yaml.safe_load(out.stdout) == {"count": 0, "nvswitch": 0, "blackwell": False, "lspci": False}
 
 
 # ------------------------------------------------------------ validate.yml on sample inventories

@@ -244,8 +244,10 @@ def test_check_mode_runs_the_gpu_roles_without_failing(deployed):
         assert set(check.recap) == {"th2"}, explain(check)
         assert check.recap["th2"]["failed"] == 0, explain(check)
         for task in ("nvidia_driver : Ensure the kernel headers of the running kernel are installed",
-                     "nvidia_driver : Ensure NVIDIA's keyring package is installed",
-                     "nvidia_driver : Ensure the NVIDIA driver packages are installed (branch 580)",
+                     "nvidia_driver : Ensure NVIDIA's repository key is installed",
+                     "nvidia_driver : Ensure NVIDIA's repository is an apt source",
+                     "nvidia_driver : Ensure the NVIDIA driver packages are installed (branch 580, open)",
+                     "nvidia_driver : Decide whether a reboot must load the installed driver",
                      "nvidia_driver : Ensure nouveau is blacklisted",
                      "nvidia_driver : Check that nvidia-smi lists the GPUs",
                      "cuda : Ensure the CUDA toolkit packages are installed"):
@@ -257,6 +259,7 @@ def test_check_mode_runs_the_gpu_roles_without_failing(deployed):
         # The dry run changed nothing (the test hosts share this machine's /etc).
         assert not os.path.exists("/etc/modprobe.d/blacklist-nouveau.conf")
         assert not os.path.exists("/etc/apt/sources.list.d/tfcluster-debian-extra.sources")
+        assert not os.path.exists("/etc/apt/sources.list.d/nvidia-cuda.sources")
     finally:
         hosts.ssh("th2", "rm -f %s" % stale)
 
