@@ -30,6 +30,9 @@ class Example:
     real: str = ""
     # False: one task per worker slot with all its GPUs, for programs that use several devices.
     task_per_gpu: bool = True
+    # What --restarts restarts when a worker fails: the task alone, or every task ("job": the
+    # programs whose workers cannot rejoin, like MultiWorkerMirroredStrategy's all-reduce).
+    restart: str = "task"
 
 
 def load_catalog(path=None):

@@ -102,6 +102,15 @@ def build_parser():
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="set this in every task's environment (repeatable); the local "
                         "environment is not sent to remote hosts")
+    p.add_argument("--env-file", metavar="FILE",
+                   help="NAME=VALUE lines for every task's environment (secrets: their values "
+                        "reach the tasks over the agents' channels, never a file or a log)")
+    p.add_argument("--restarts", type=count, default=0,
+                   help="restart a failed worker up to N times (a failed chief or ps, or any "
+                        "task of a job that must restart whole, restarts every task)")
+    p.add_argument("--lost-contact", type=seconds, default=30.0,
+                   help="seconds without a word from a host's agent before the run fails "
+                        "(default 30)")
     p.add_argument("--cwd", help="with --cmd: working directory on the hosts")
     p.add_argument("--plain", action="store_true",
                    help="prefixed lines, not the live table (the default when not a terminal)")
@@ -190,11 +199,9 @@ def cmd_launch(args):
     if args.resume:
         runs.load(args.runs_dir, args.resume)  # a one-line error when there is no such run
     runs.writable_dir(args.runs_dir, "--runs-dir")  # before anything starts, not after the run
-    extra_env = {}
+    extra_env = env_file(args.env_file) if args.env_file else {}
     for item in args.env:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not name.replace("_", "a").isalnum():
-            raise UsageError("--env %r is not NAME=VALUE" % item)
+        name, value = env_item(item, "--env")
         extra_env[name] = value
     # A count flag given as 'all' is None: every slot of that group.
     counts = {job: getattr(args, flag) for job, flag in COUNT_FLAGS if hasattr(args, flag)}
@@ -204,8 +211,38 @@ def cmd_launch(args):
         intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,
         start_timeout=args.start_timeout, finish_grace=args.finish_grace,
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
-        env=extra_env)
-    return launcher.launch(args.inventory, options, load_slots)
+        env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
+        baseline=args.baseline)
+    from tfcluster.live import make_reporter
+    # --logs shows the raw streams: every line, as the tasks wrote them.
+    reporter = make_reporter(args.plain, args.verbose or args.logs, args.logs, sys.stdout)
+    try:
+        return launcher.launch(args.inventory, options, load_slots, reporter)
+    finally:
+        reporter.close()
+
+
+def env_item(item, where):
+    """(NAME, VALUE) of a NAME=VALUE item; the error never repeats the value, which may be secret."""
+    name, sep, value = item.partition("=")
+    if not sep or not name or name[0].isdigit() or not name.replace("_", "a").isalnum():
+        raise UsageError("%s: %r is not NAME=VALUE with a name of letters, digits and _"
+                         % (where, name if sep else "(no '=')"))
+    return name, value
+
+
+def env_file(path):
+    try:
+        with open(path) as handle:
+            lines = handle.read().splitlines()
+    except OSError as err:
+        raise UsageError("--env-file %s: %s" % (path, err.strerror)) from None
+    items = {}
+    for number, line in enumerate(lines, 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, value = env_item(line.strip(), "--env-file %s line %d" % (path, number))
+            items[name] = value
+    return items
 
 
 def cmd_spec(args):

@@ -4,10 +4,11 @@ One shutdown event: the first task failure, a lost machine, SIGINT, SIGTERM and 
 to the same teardown, and no process of the run stays on any host.
 """
 import os
+import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tfcluster import gpus, runs
 from tfcluster.catalog import check_templates
@@ -15,12 +16,14 @@ from tfcluster.errors import (PreflightError, RunFailed, RunInterrupted, RunTime
                               TfclusterError, UsageError)
 from tfcluster.hosts import HostError, Hosts
 from tfcluster.inventory import JOBS
-from tfcluster.monitor import Monitor, first_failure, policy_met, tracked
+from tfcluster.metrics import MetricsStore, efficiency_message
+from tfcluster.monitor import Monitor, describe_exit, first_failure, policy_met, tracked
+from tfcluster.plot import draw_in_background
 from tfcluster.preflight import controller_code_hash, preflight, print_preflight
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
 from tfcluster.taskenv import host_run_dir, public_spec, task_specs, thread_plan
-from tfcluster.teardown import finish, write_task_records
+from tfcluster.teardown import finish, stop_tasks, write_task_records
 from trainers import protocol as P
 
 DEFAULT_FINISH_GRACE = 30.0
@@ -45,6 +48,8 @@ class LaunchOptions:
     resume: str | None = None
     lease: float = 60.0
     lost_contact: float = 30.0
+    restarts: int = 0
+    baseline: bool = False
     cwd: str | None = None
     env: dict = field(default_factory=dict)
 
@@ -101,10 +106,18 @@ class Launch:
             raise PreflightError("preflight failed, nothing started: " + "; ".join(problems))
         # Every training task on a GPU machine gets GPUs of its own; the others see none.
         self.cluster = gpus.assign(self.cluster, reports)
-        specs = task_specs(self.cluster, options, self.run_id,
-                           thread_plan(self.cluster, reports, options))
-        self._write_record(reports, specs)
-        self.monitor = Monitor(self.hosts, self.cluster, self.record.dir, self.reporter)
+        specs = self.specs = task_specs(self.cluster, options, self.run_id,
+                                        thread_plan(self.cluster, reports, options))
+        try:
+            self._write_record(reports, specs)
+        except OSError as err:
+            shutil.rmtree(self.record.dir, ignore_errors=True)
+            raise UsageError("cannot write the run's records in %s: %s: free some space or pass "
+                             "another --runs-dir; nothing was started" % (
+                                 self.record.dir, err.strerror or err)) from None
+        self.metrics = MetricsStore(self.record.dir)
+        self.monitor = Monitor(self.hosts, self.cluster, self.record.dir, self.reporter,
+                               metrics=self.metrics)
         outcome = crash = None
         lost = set()
         try:
@@ -130,6 +143,9 @@ class Launch:
             if outcome is not None or not options.detach:
                 finish(self.hosts, self.cluster, self.record, self.monitor, outcome,
                        options.stop_grace, self.reporter, lost={m.key for m in lost})
+            self.metrics.close()
+            if self.metrics.latest():
+                draw_in_background(self.record.dir)
         if crash is not None:
             raise crash
         if outcome is not None:
@@ -152,6 +168,8 @@ class Launch:
             tasks={t.label: dict(t.to_dict(), name=t.name, command=specs[t.label]["command"],
                                  host_run_dir=host_run_dir(t.machine, self.run_id),
                                  env_names=sorted(specs[t.label]["env"]),
+                                 intra_op_threads=int(specs[t.label]["env"][
+                                     "TF_NUM_INTRAOP_THREADS"]),
                                  state="pending", exit=None, restarts=0)
                    for t in self.cluster.tasks})
         self.record.save()
@@ -191,6 +209,42 @@ class Launch:
         self.record.data.update(state="running", started=runs.now())
         self.record.save()
 
+    def _restart(self, task, why):
+        """Restart TASK (or the whole job) if --restarts allows; False when it does not."""
+        entry = self.record.data["tasks"][task.label]
+        if entry.get("restarts", 0) >= self.options.restarts:
+            return False
+        whole = task.job in ("chief", "ps") or self.options.example.restart == "job"
+        entry["restarts"] = entry.get("restarts", 0) + 1
+        self.reporter.note("%s; restarting %s (restart %d of %d)" % (
+            why, "every task from the last checkpoint" if whole else task.label,
+            entry["restarts"], self.options.restarts))
+        tasks = self.cluster.tasks if whole else [task]
+        if whole:
+            leftovers = stop_tasks(self.hosts, self.cluster, self.options.stop_grace)
+            if leftovers:
+                raise RunFailed("cannot restart the job: " + "; ".join(leftovers))
+            self.monitor.pump(0)
+        for machine, mine in self.cluster.machines():
+            specs = [self.specs[t.label] for t in mine if t in tasks]
+            if specs:
+                self.hosts.link(machine).request(
+                    P.Start(run_dir=host_run_dir(machine, self.run_id), tasks=specs,
+                            lease=self.options.lease, restart=True),
+                    timeout=60, what="to restart %s" % ", ".join(s["name"] for s in specs))
+        self.ps_deadline = time.monotonic() + self.options.start_timeout
+        for restarted in tasks:
+            self.monitor.states[restarted.label] = {"alive": True, "exit": None,
+                                                    "state": "restarting"}
+            if restarted.job == "ps":
+                self.monitor.listening.discard(restarted.label)
+            self.reporter.task_restarted(restarted, entry["restarts"])
+        self.record.data.setdefault("restart_log", []).append(
+            {"task": task.label, "why": why, "scope": "job" if whole else "task",
+             "time": runs.now()})
+        self.record.save()
+        return True
+
     def _finish_grace(self):
         """How long other workers may go on once the policy is met. When a real chief
         succeeded, the workers only served it (ParameterServerStrategy): stop them at once."""
@@ -205,7 +259,7 @@ class Launch:
         options, monitor, cluster = self.options, self.monitor, self.cluster
         now = time.monotonic()
         deadline = now + options.timeout if options.timeout else None
-        ps_deadline = now + options.start_timeout
+        self.ps_deadline = now + options.start_timeout
         ps_tasks = cluster.job_tasks("ps")
         policy_met_at = None
         pids_recorded = False
@@ -214,18 +268,25 @@ class Launch:
             if not pids_recorded and len(monitor.started_at) == len(cluster.tasks):
                 pids_recorded = True
                 self._record_pids()
+            if monitor.write_error is not None:
+                return RunFailed("cannot write the logs in %s: %s" % (
+                    self.record.dir, monitor.write_error)), []
             failed = first_failure(cluster, monitor.states)
+            if failed and self._restart(failed[0], failed[1]):
+                continue
             if failed:
                 task, message = failed
                 if task.job == "ps" and task.label not in monitor.listening:
-                    message = "%s exited before it listened on %s" % (task.label, task.address)
+                    message = "%s on %s %s before it listened on %s" % (
+                        task.label, task.machine.address,
+                        describe_exit(monitor.states[task.label]), task.address)
                 return RunFailed(message, task=task), []
             lost = monitor.lost_machines(options.lost_contact)
             if lost:
                 return RunFailed("lost contact with %s for %gs: its agent stopped answering" % (
                     ", ".join(m.label for m in lost), options.lost_contact)), lost
             waiting = [t for t in ps_tasks if t.label not in monitor.listening]
-            if waiting and time.monotonic() > ps_deadline:
+            if waiting and time.monotonic() > self.ps_deadline:
                 return RunFailed("%s not listening after %gs (raise --start-timeout)" % (
                     ", ".join(t.label for t in waiting), options.start_timeout),
                     task=waiting[0]), []
@@ -258,6 +319,44 @@ def launch(inventory_path, options, load_slots, reporter=None):
     else:
         counts = {job: example.topology.get(job, 0) for job in JOBS}
         counts.update(options.counts)
+    if not options.baseline:
+        return Launch(make_cluster(inventory_path, slots, counts, example), options,
+                      inventory_path, reporter).run()
+    # --baseline: the same example with a single training task first, then the cluster.
+    reporter = reporter or PlainReporter()
+    run_id = options.run_id or runs.new_run_id(example.name)
+    single = dict(counts, worker=1 if counts.get("worker", 1) else 0, evaluator=0)
+    if single["worker"]:
+        single["chief"] = 0 if example.success != "chief" else counts.get("chief", 0)
+    reporter.note("--baseline: first %s as a single training task" % example.name)
+    Launch(make_cluster(inventory_path, slots, single, example),
+           replace(options, run_id=run_id + "-baseline", baseline=False),
+           inventory_path, reporter).run()
+    base = runs.load(options.runs_dir, run_id + "-baseline")
+    code = Launch(make_cluster(inventory_path, slots, counts, example),
+                  replace(options, run_id=run_id, baseline=False), inventory_path, reporter).run()
+    main = runs.load(options.runs_dir, run_id)
+    for line in efficiency_lines(base, main):
+        reporter.out(line)
+    return code
+
+
+def efficiency_lines(base, main):
+    """The cluster's examples/s against the single task's, per core used."""
+    def training(record):
+        return [(label, entry) for label, entry in record["tasks"].items()
+                if entry["job"] in ("chief", "worker")]
+
+    def throughput(record):
+        return sum((record.get("results", {}).get(label) or {}).get("examples_per_s") or 0
+                   for label, _ in training(record))
+
+    cores = sum(e.get("intra_op_threads", 1) for _, e in training(main)) / max(
+        1, sum(e.get("intra_op_threads", 1) for _, e in training(base)))
+    return efficiency_message(throughput(main), throughput(base), cores)
+
+
+def make_cluster(inventory_path, slots, counts, example):
     have = {s.job for s in slots}
     for job, wanted in counts.items():
         if wanted and job not in have:
@@ -268,4 +367,4 @@ def launch(inventory_path, options, load_slots, reporter=None):
         raise UsageError("inventory %s has no [worker] or [chief] hosts: nothing would train"
                          % inventory_path)
     check_templates(example, cluster)
-    return Launch(cluster, options, inventory_path, reporter).run()
+    return cluster

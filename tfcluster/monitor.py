@@ -31,6 +31,7 @@ class Monitor:
         self.tails = {t.label: collections.deque(maxlen=TAIL_LINES) for t in cluster.tasks}
         self.closed_links = set()
         self.record_dir = record_dir  # where logs are written; None: nowhere
+        self.write_error = None
         self._logs = {}
         if record_dir:
             os.makedirs(record_dir, exist_ok=True)
@@ -79,13 +80,16 @@ class Monitor:
             self.on_event(task, msg)
 
     def _output(self, task, text):
-        if self.record_dir:
-            log = self._logs.get(task.label)
-            if log is None:
-                path = os.path.join(self.record_dir, task.name + ".log")
-                log = self._logs[task.label] = open(path, "a", encoding="utf-8")
-            log.write(text)
-            log.flush()
+        if self.record_dir and self.write_error is None:
+            try:
+                log = self._logs.get(task.label)
+                if log is None:
+                    path = os.path.join(self.record_dir, task.name + ".log")
+                    log = self._logs[task.label] = open(path, "a", encoding="utf-8")
+                log.write(text)
+                log.flush()
+            except OSError as err:  # a full disk: the launcher fails the run, naming it
+                self.write_error = err.strerror or str(err)
         for line in text.splitlines():
             self.tails[task.label].append(line)
             self.reporter.task_line(task, line)
@@ -105,7 +109,10 @@ class Monitor:
 
     def close(self):
         for log in self._logs.values():
-            log.close()
+            try:
+                log.close()
+            except OSError:
+                pass
         self._logs = {}
 
     # ------------------------------------------------------------ contact

@@ -90,3 +90,17 @@ def write_run_png(run_dir):
     path = os.path.join(run_dir, "metrics.png")
     write_png([run_dir], path)
     return path
+
+
+def draw_in_background(run_dir):
+    """Draw RUN_DIR/metrics.png in a process of its own: the prompt does not wait for it."""
+    import subprocess
+    import sys
+    return subprocess.Popen([sys.executable, "-m", "tfcluster.plot", run_dir],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+if __name__ == "__main__":
+    import sys
+    write_run_png(sys.argv[1])

@@ -83,15 +83,34 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
         monitor.close()
     for line in leftovers + problems:
         reporter.note("WARNING " + line)
+    try:
+        record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, problems)
+    except OSError as err:
+        reporter.note("WARNING cannot write the run's records in %s: %s" % (
+            record.dir, err.strerror or err))
+    print_summary(reporter, cluster, record)
+    if isinstance(outcome, RunFailed) and outcome.task is not None:
+        reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
+        for line in monitor.tails[outcome.task.label]:
+            reporter.out("    " + line)
+    reporter.note("logs and run.json in %s" % record.dir)
+
+
+def record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, problems):
+    """The run's end in run.json and every task's .status; an empty log for a silent task."""
     met = policy_met(cluster, monitor.states, record.get("success_policy", "all_workers"))
     state = ("succeeded" if met else "stopped") if stopped_by_user else end_state(outcome)
     tasks = record.data.setdefault("tasks", {})
     for task in cluster.tasks:
         entry = tasks.setdefault(task.label, {})
         st = monitor.states.get(task.label, {})
-        entry.update(exit=st.get("exit"), state=task_state(task, st), log=task.name + ".log")
+        entry.update(exit=st.get("exit"), state=task_state(task, st), log=task.name + ".log",
+                     pid=st.get("pid", entry.get("pid")))
         if task.label in monitor.first_step_s:
             entry["first_step_s"] = monitor.first_step_s[task.label]
+        log_path = os.path.join(record.dir, entry["log"])
+        if not os.path.exists(log_path):
+            write_private(log_path, "")  # it printed nothing: its log is there all the same
         if st.get("exit") is not None:
             write_private(os.path.join(record.dir, task.name + ".status"), "%d\n" % st["exit"])
         if task.label in monitor.results:
@@ -103,12 +122,6 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
     if outcome is not None:
         record.data["failure"] = str(outcome)
     record.save()
-    print_summary(reporter, cluster, record)
-    if isinstance(outcome, RunFailed) and outcome.task is not None:
-        reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
-        for line in monitor.tails[outcome.task.label]:
-            reporter.out("    " + line)
-    reporter.note("logs and run.json in %s" % record.dir)
 
 
 def write_private(path, text):

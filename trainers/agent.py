@@ -144,6 +144,9 @@ class Agent:
         self.send(P.Attached(tasks=states))
 
     def on_stop(self, msg):
+        if not self.run_dir:  # this agent started nothing: there is nothing of ours to stop
+            self.send(P.Stopped(tasks={}, busy_ports=[], remaining=[]))
+            return
         names = [n for n in (msg.names or list(self.tasks) or S.task_names(self.run_dir or ""))
                  if TASK_NAME.match(n)]
         result = {}
@@ -166,7 +169,7 @@ class Agent:
 
     def on_collect(self, msg):
         count = 0
-        for folder in msg.folders:
+        for folder in msg.folders if self.run_dir else ():
             top = os.path.join(self.run_dir, folder)
             for root, _, files in os.walk(top):
                 for name in sorted(files):

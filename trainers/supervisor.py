@@ -108,8 +108,11 @@ def task_state(run_dir, name):
     return {"pid": (record or {}).get("pid"), "alive": alive, "exit": code, "state": state}
 
 
-def kill_group(run_dir, name, grace):
-    """TERM the task's group, KILL it after GRACE seconds; True when it is gone (or not ours)."""
+def kill_group(run_dir, name, grace, reap=None):
+    """TERM the task's group, KILL it after GRACE seconds; True when it is gone (or not ours).
+
+    The task's parent calls it with REAP (its poll): a dead leader is a zombie, and so still
+    "ours", until its parent reaps it."""
     record = read_json(os.path.join(run_dir, name + ".pid"))
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
         if not group_is_ours(record):
@@ -120,6 +123,8 @@ def kill_group(run_dir, name, grace):
             return True
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
+            if reap is not None:
+                reap()
             if not group_is_ours(record):
                 return True
             time.sleep(0.02)
@@ -187,7 +192,7 @@ def supervise(run_dir, name, lease):
             break
         if lease_expired(run_dir, lease):
             emit(b"tfcluster agent: controller lease expired, stopping the task\n")
-            kill_group(run_dir, name, grace=5)
+            kill_group(run_dir, name, grace=5, reap=proc.poll)
     # The task ended: pass on what it wrote last (children that keep the pipe open are cut off).
     os.set_blocking(read_end, False)
     try:

@@ -25,6 +25,12 @@ if job == "ps":
         connection, _ = server.accept()
         connection.close()
 behaviour = os.environ.get("FAKE_%s_%d" % (job.upper(), index), "exit:0:1")
+if behaviour.startswith(("failonce:", "foreveronce:")):
+    # The first start fails or runs until killed (leaving MARKER behind), a restart succeeds.
+    kind, marker = behaviour.split(":", 1)
+    first = "exit:3:0.5" if kind == "failonce" else "forever"
+    behaviour = "exit:0:0.5" if os.path.exists(marker) else first
+    open(marker, "a").close()
 if behaviour == "forever":
     while True:
         print("working", flush=True)
