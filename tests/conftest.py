@@ -65,6 +65,9 @@ def local_env(tmp_path):
     inventory.write_text(local_inventory_text(str(tmp_path / "work")))
     runs_dir = tmp_path / "runs"
     yield str(inventory), str(runs_dir)
+    # A run's metrics.png is drawn by a process of its own after the prompt: it ends by itself.
+    wait_for(lambda: not [p for p in processes_matching(str(tmp_path)) if "tfcluster.plot" in p[1]],
+             60, "metrics.png to be drawn")
     leftovers = stop_leftovers(str(tmp_path))
     assert not leftovers, "processes of the test were still running: %s" % leftovers
 

@@ -55,14 +55,14 @@ class LaunchOptions:
 
 
 class Launch:
-    def __init__(self, cluster, options, inventory, reporter=None):
+    def __init__(self, cluster, options, inventory, reporter=None, hosts=None):
         self.cluster = cluster
         self.options = options
         self.inventory = inventory
         self.reporter = reporter or PlainReporter()
         self.run_id = options.run_id or runs.new_run_id(options.example.name)
         self.record = runs.create(options.runs_dir, runs.check_run_id(self.run_id))
-        self.hosts = Hosts([m for m, _ in cluster.machines()])
+        self.hosts = hosts or Hosts([m for m, _ in cluster.machines()])
         self.monitor = None
         self.stop_event = threading.Event()
         self.stop_reason = None

@@ -3,11 +3,13 @@ also work after the launcher was killed or when it ran with --detach; when a hos
 its run folder's records still tell."""
 import os
 
-from tfcluster import runs
+from tfcluster import metrics, runs
 from tfcluster.errors import RunFailed, UsageError
 from tfcluster.hosts import HostError, Hosts
 from tfcluster.inventory import Machine
+from tfcluster.metrics import MetricsStore
 from tfcluster.monitor import Monitor, policy_met, tracked
+from tfcluster.plot import draw_in_background
 from tfcluster.report import PlainReporter
 from tfcluster.spec import Cluster, Task
 from tfcluster.taskenv import host_run_dir
@@ -68,14 +70,20 @@ def status(runs_dir, run_id=None, reporter=None):
     record = pick(runs_dir, run_id)
     cluster = cluster_from_record(record)
     states = {}
+    latest = latest_metrics(record.dir)
     if record.active:
+        # The hosts' logs from the start: their metric lines give each task's last step, also
+        # for a detached run, whose controller keeps no metrics.
         hosts = Hosts([m for m, _ in cluster.machines()])
+        store = MetricsStore()
         try:
-            states, unreachable = attach(hosts, cluster, record.id, from_start=False)
+            monitor = Monitor(hosts, cluster, None, PlainReporter(echo=False), metrics=store)
+            states, unreachable = attach(hosts, cluster, record.id, from_start=True)
+            monitor.pump(0)
         finally:
             hosts.close()
         warn_unreachable(reporter, unreachable)
-    latest = latest_metrics(record.dir)
+        latest = dict(latest, **store.latest())
     reporter.out("run %s (%s) %s, created %s" % (record.id, record.get("example"),
                                                  record.get("state"), record.get("created")))
     reporter.out("%-12s %-18s %-8s %-12s %-5s %10s %10s %12s" % (
@@ -102,9 +110,8 @@ def status(runs_dir, run_id=None, reporter=None):
 
 def latest_metrics(record_dir):
     try:
-        from tfcluster import metrics
         return metrics.load(record_dir).latest()
-    except (ImportError, AttributeError, OSError, ValueError):
+    except (OSError, ValueError):
         return {}
 
 
@@ -118,7 +125,8 @@ def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
     record = pick(runs_dir, run_id)
     cluster = cluster_from_record(record)
     chosen = [cluster.find(task_label)] if task_label else cluster.tasks
-    reporter = reporter or PlainReporter(prefix=len(chosen) > 1)
+    # Every line as the task wrote it: a log is read to see everything.
+    reporter = reporter or PlainReporter(prefix=len(chosen) > 1, verbose=True)
     if not record.active:
         for task in chosen:
             path = os.path.join(record.dir, task.name + ".log")
@@ -160,15 +168,20 @@ def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
     hosts = Hosts([m for m, _ in cluster.machines()])
     try:
         if was_active:
-            for task in cluster.tasks:  # the agents send every log again from its start
-                path = os.path.join(record.dir, task.name + ".log")
+            for name in [t.name + ".log" for t in cluster.tasks] + [metrics.FILE]:
+                path = os.path.join(record.dir, name)  # the agents send it all again
                 if os.path.exists(path):
                     os.truncate(path, 0)
-            monitor = Monitor(hosts, cluster, record.dir, PlainReporter(echo=False))
+            store = MetricsStore(record.dir)
+            monitor = Monitor(hosts, cluster, record.dir, PlainReporter(echo=False),
+                              metrics=store)
             states, unreachable = attach(hosts, cluster, record.id, from_start=True)
             monitor.states.update(states)
             finish(hosts, cluster, record, monitor, None, grace, reporter, stopped_by_user=True,
                    lost={m.key for m, _ in unreachable})
+            store.close()
+            if store.latest():
+                draw_in_background(record.dir)
         else:
             states, unreachable = attach(hosts, cluster, record.id, from_start=False)
             leftovers = stop_tasks(hosts, cluster, grace, skip={m.key for m, _ in unreachable})

@@ -1,0 +1,212 @@
+"""The launcher's stages and policies in-process, on a fake host layer: each agent link answers
+from a script, so success policies, failures, timeouts, lost hosts, restarts, GPU assignment and
+records are checked in milliseconds, without processes."""
+import io
+import json
+import queue
+import threading
+import time
+
+import pytest
+
+from tfcluster import catalog
+from tfcluster.errors import PreflightError, RunFailed, RunTimedOut
+from tfcluster.inventory import Machine, Slot
+from tfcluster.launcher import Launch, LaunchOptions
+from tfcluster.report import PlainReporter
+from tfcluster.spec import build_cluster
+from trainers import protocol as P
+
+
+class FakeLink:
+    """One machine's agent: tasks exit as EXITS says ({name: [code of each start...]}; None, or
+    a name that is not there, runs until stopped)."""
+
+    def __init__(self, machine, events, exits, report):
+        self.machine, self.events, self.exits, self.report = machine, events, exits, report
+        self.hello, self.closed, self.detaching = None, False, False
+        self.last_heard = time.monotonic()
+        self.alive, self.starts, self.specs = set(), {}, []
+
+    def open(self):
+        self.hello = P.Hello(pid=1, hostname=self.machine.address, boot_id="b")
+        return self
+
+    def emit(self, msg):
+        self.events.put((self.machine.key, msg))
+
+    def request(self, msg, timeout, what="", collect=None):
+        if isinstance(msg, P.Preflight):
+            return P.Report(report=dict(self.report, ports={str(p): True for p in msg.ports}))
+        if isinstance(msg, P.Start):
+            for spec in msg.tasks:
+                self.specs.append(spec)
+                name = spec["name"]
+                count = self.starts[name] = self.starts.get(name, 0) + 1
+                self.emit(P.Started(name=name, pid=1000 + len(self.specs), time=time.time()))
+                if spec.get("port"):
+                    self.emit(P.Listening(name=name, port=spec["port"]))
+                self.emit(P.Output(name=name, text="hello from %s\n" % name))
+                codes = self.exits.get(name) or [None]
+                code = codes[min(count, len(codes)) - 1]  # None: runs until stopped
+                if code is not None:
+                    self.emit(P.Output(name=name, text=P.metric_line(10, loss=1.0) + "\n"))
+                    self.emit(P.Exited(name=name, code=code, state="exited"))
+                else:
+                    self.alive.add(name)
+            return P.Accepted()
+        if isinstance(msg, P.Stop):
+            for name in sorted(self.alive & set(msg.names)):
+                self.emit(P.Exited(name=name, code=143, state="exited"))
+            stopped = {n: "stopped" if n in self.alive else "not running" for n in msg.names}
+            self.alive -= set(msg.names)
+            return P.Stopped(tasks=stopped, busy_ports=[], remaining=[])
+        if isinstance(msg, P.Collect):
+            return P.Collected(count=0)
+        raise AssertionError("unexpected %r" % msg)
+
+    def close(self, detach=False):
+        self.closed = True
+
+
+class FakeHosts:
+    def __init__(self, machines, exits=None, report=None):
+        self.events = queue.Queue()
+        report = report or {"python_ok": True, "tf_version": "2.21.0", "cpus": 4, "gpus": [],
+                            "code_hash": None, "hostname": "h"}
+        self.links = {m.key: FakeLink(m, self.events, exits or {}, report) for m in machines}
+
+    def link(self, machine):
+        return self.links[machine.key]
+
+    def each(self, call, machines=None, timeout=None):
+        outcomes = {}
+        for link in ([self.links[m.key] for m in machines] if machines else self.links.values()):
+            try:
+                outcomes[link.machine.key] = call(link)
+            except Exception as err:
+                outcomes[link.machine.key] = err
+        return outcomes
+
+    def start_pinging(self):
+        pass
+
+    def close(self, detach=False):
+        pass
+
+
+def cluster_of(ps=1, workers=2, chief=0, gpus_per_machine=None):
+    machine = Machine(address="10.0.0.1", connection="ssh", root="/opt/t",
+                      python="/opt/t/venv/bin/python", workdir="/opt/t/work")
+    slots = [Slot(name="%s%d" % (job, i), job=job, machine=machine, port=None, port_base=2222,
+                  gpus=None)
+             for job, n in (("chief", chief), ("worker", workers), ("ps", ps)) for i in range(n)]
+    return build_cluster(slots, {"ps": ps, "worker": workers, "chief": chief, "evaluator": 0})
+
+
+def run(tmp_path, cluster, exits, policy="all_workers", report=None, **options):
+    example = catalog.custom_example("python train.py", policy)
+    hosts = FakeHosts([m for m, _ in cluster.machines()], exits, report)
+    console = io.StringIO()
+    launch = Launch(cluster, LaunchOptions(example=example, runs_dir=str(tmp_path / "runs"),
+                                           run_id="r", **options),
+                    "inventory.yml", PlainReporter(stream=console), hosts=hosts)
+    outcome = None
+    try:
+        launch.run()
+    except Exception as err:  # the outcome is what the test looks at
+        outcome = err
+    record = json.loads((tmp_path / "runs" / "r" / "run.json").read_text()) \
+        if (tmp_path / "runs" / "r" / "run.json").exists() else None
+    return outcome, record, console.getvalue(), hosts
+
+
+def test_workers_succeed_then_the_ps_is_stopped(tmp_path):
+    outcome, record, console, _ = run(tmp_path, cluster_of(),
+                                      {"worker-0": [0], "worker-1": [0]})
+    assert outcome is None, console
+    assert record["state"] == "succeeded" and record["exit_code"] == 0
+    assert record["tasks"]["ps:0"]["state"] == "stopped" and record["tasks"]["ps:0"]["exit"] == 143
+    assert (tmp_path / "runs" / "r" / "worker-1.log").read_text().startswith("hello from worker-1")
+    assert (tmp_path / "runs" / "r" / "metrics.jsonl").exists()
+    assert "run r succeeded" in console
+
+
+def test_a_failing_worker_fails_the_run_and_shows_its_last_lines(tmp_path):
+    outcome, record, console, _ = run(tmp_path, cluster_of(), {"worker-0": [0], "worker-1": [3]})
+    assert isinstance(outcome, RunFailed) and outcome.exit_code == 1
+    assert "worker:1 on 10.0.0.1 exited with status 3" in str(outcome)
+    assert record["state"] == "failed" and record["tasks"]["worker:1"]["exit"] == 3
+    assert "last 20 lines of worker:1" in console and "hello from worker-1" in console
+
+
+def test_a_worker_restarts_when_restarts_allow_it(tmp_path):
+    outcome, record, console, hosts = run(tmp_path, cluster_of(),
+                                          {"worker-0": [0], "worker-1": [3, 0]}, restarts=1)
+    assert outcome is None, console
+    assert record["tasks"]["worker:1"]["restarts"] == 1
+    link = next(iter(hosts.links.values()))
+    assert link.starts == {"ps-0": 1, "worker-0": 1, "worker-1": 2}
+
+
+def test_a_failed_ps_with_restarts_restarts_the_whole_job(tmp_path):
+    outcome, record, console, hosts = run(tmp_path, cluster_of(),
+                                          {"ps-0": [1, None], "worker-0": [0], "worker-1": [0]},
+                                          restarts=1)
+    link = next(iter(hosts.links.values()))
+    assert outcome is None, console
+    assert "restarting every task from the last checkpoint" in console
+    assert link.starts["ps-0"] == 2 and link.starts["worker-0"] == 2
+    assert record["restart_log"][0]["scope"] == "job"
+
+
+def test_chief_policy_stops_the_workers_at_once(tmp_path):
+    outcome, record, console, _ = run(tmp_path, cluster_of(chief=1), {"chief-0": [0]},
+                                      policy="chief")
+    assert outcome is None, console
+    assert record["tasks"]["worker:0"]["state"] == "stopped"
+
+
+def test_timeout(tmp_path):
+    outcome, record, _, _ = run(tmp_path, cluster_of(), {}, timeout=0.3)
+    assert isinstance(outcome, RunTimedOut) and outcome.exit_code == 124
+    assert record["state"] == "timed_out"
+
+
+def test_a_silent_machine_is_lost(tmp_path):
+    cluster = cluster_of()
+    example = catalog.custom_example("python train.py", "all_workers")
+    hosts = FakeHosts([m for m, _ in cluster.machines()])
+    launch = Launch(cluster, LaunchOptions(example=example, runs_dir=str(tmp_path / "runs"),
+                                           run_id="r", lost_contact=0.5),
+                    "inventory.yml", PlainReporter(stream=io.StringIO()), hosts=hosts)
+    # The machine answers the start, then never again.
+    threading.Timer(0.2, lambda: [setattr(l, "last_heard", 0) for l in hosts.links.values()]
+                    ).start()
+    with pytest.raises(RunFailed, match="lost contact with 10.0.0.1"):
+        launch.run()
+
+
+def test_preflight_problems_start_nothing(tmp_path):
+    report = {"python_ok": False, "error": "no interpreter at /x", "cpus": 2, "gpus": []}
+    outcome, record, _, hosts = run(tmp_path, cluster_of(), {}, report=report)
+    assert isinstance(outcome, PreflightError) and outcome.exit_code == 3
+    assert record is None and not (tmp_path / "runs" / "r").exists()
+    assert all(not link.specs for link in hosts.links.values())
+
+
+def test_gpus_are_split_and_secrets_kept_out_of_records(tmp_path):
+    report = {"python_ok": True, "tf_version": "2.21.0", "cpus": 8, "hostname": "g",
+              "code_hash": None, "gpus": ["GPU 0: A (UUID: GPU-0)", "GPU 1: A (UUID: GPU-1)"]}
+    outcome, record, console, hosts = run(tmp_path, cluster_of(), {"worker-0": [0],
+                                                                   "worker-1": [0]},
+                                          report=report, env={"TOKEN": "s3cr3t"})
+    assert outcome is None, console
+    specs = {s["name"]: s["env"] for s in next(iter(hosts.links.values())).specs}
+    assert {specs["worker-0"]["CUDA_VISIBLE_DEVICES"], specs["worker-1"]["CUDA_VISIBLE_DEVICES"]} \
+        == {"0", "1"}
+    assert specs["ps-0"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert specs["worker-0"]["TOKEN"] == "s3cr3t"
+    for path in (tmp_path / "runs" / "r").iterdir():
+        assert b"s3cr3t" not in path.read_bytes(), path
+    assert "TOKEN" in record["tasks"]["worker:0"]["env_names"]
