@@ -262,3 +262,15 @@ def test_inventory_works_with_ansible(testhosts):
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("th1", "th2", "th3"):
         assert f"{name} | CHANGED | rc=0 >>\n{name}" in r.stdout
+
+
+def test_inventory_says_offline(testhosts):
+    """The hosts reach no registry: deploy.yml must install from the wheelhouse without -e."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+    loader = DataLoader()
+    im = InventoryManager(loader=loader, sources=[str(testhosts.inventory)])
+    variables = VariableManager(loader=loader, inventory=im)
+    for name, _ in testhosts.hosts:
+        assert variables.get_vars(host=im.get_host(name))["tensorflow_install_mode"] == "offline"
