@@ -246,7 +246,7 @@ def test_check_mode_runs_the_gpu_roles_without_failing(deployed):
         for task in ("nvidia_driver : Ensure the kernel headers of the running kernel are installed",
                      "nvidia_driver : Ensure NVIDIA's repository key is installed",
                      "nvidia_driver : Ensure NVIDIA's repository is an apt source",
-                     "nvidia_driver : Ensure the NVIDIA driver packages are installed (branch 580, open)",
+                     "nvidia_driver : Ensure the NVIDIA driver packages are installed, open modules of branch 580",
                      "nvidia_driver : Decide whether a reboot must load the installed driver",
                      "nvidia_driver : Ensure nouveau is blacklisted",
                      "nvidia_driver : Check that nvidia-smi lists the GPUs",
