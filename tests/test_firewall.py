@@ -11,15 +11,11 @@ import json
 import os
 import select
 import subprocess
-import sys
 import time
 
 import pytest
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS)
-if TESTS not in sys.path:
-    sys.path.insert(0, TESTS)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 if os.geteuid() != 0:
     pytest.skip("test_firewall needs root: the test hosts are network namespaces",
