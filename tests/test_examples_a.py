@@ -142,7 +142,7 @@ def test_mnist_towers_single_device_baseline_runs_without_a_cluster(tmp_path):
         [sys.executable, "-m", "trainers.mnist_towers", "--dataset=digits", "--num_devices=1",
          "--epochs=2", "--batch_size=64", "--seed=3", "--log_every=4",
          "--checkpoint_dir=" + str(tmp_path / "ckpt")],
-        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=180)
+        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = result_line(proc.stdout)
     assert result["towers"] == 1 and result["tower_devices_observed"] == {
