@@ -1,12 +1,13 @@
 # make demo: a real distributed TensorFlow job (1 ps + 2 workers) on this machine.
-# make test: the whole test suite. Both set up .venv (and, as root, the Debian packages) first.
+# make check: the fast tier, after every edit. make test: the whole test suite.
+# demo and test set up .venv (and, as root, the Debian packages) first.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEBIAN_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps rsync pciutils docker.io debootstrap ruby nftables
 
-.PHONY: setup system-packages demo test lint wheelhouse clean
+.PHONY: setup system-packages demo check test lint bench wheelhouse clean
 
 setup: $(STAMP) system-packages
 
@@ -30,8 +31,17 @@ system-packages:
 demo: setup
 	@scripts/demo
 
+# The fast tier, after every edit: in-process tests, no TensorFlow launch, no test hosts (< 60 s).
+check: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not root" tests
+
+# Everything (CI): the fast tier, real launches, learning checks, test hosts as root.
 test: setup
 	$(BIN)/python -m pytest tests
+
+# The control plane against hand-started processes (see benchmarks/RESULTS.md).
+bench: setup
+	$(BIN)/python scripts/bench $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ansible-lint --offline --profile production playbooks/ roles/

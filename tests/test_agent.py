@@ -170,6 +170,7 @@ def test_stop_spares_a_process_whose_pid_was_reused(agent, tmp_path):
         foreign.wait()
 
 
+@pytest.mark.slow  # a real TensorFlow import
 def test_listening_event_and_preflight(agent, tmp_path):
     server = socket.socket()
     server.bind(("", 0))

@@ -5,8 +5,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 
 from conftest import (REPO, assert_run_clean, pid_alive, run_record, tfcluster, wait_for)
+
+pytestmark = pytest.mark.slow  # real launches, TensorFlow in two of them
 
 FAKE = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
 

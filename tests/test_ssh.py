@@ -4,7 +4,11 @@ import os
 import sys
 import time
 
+import pytest
+
 from conftest import REPO, assert_run_clean, run_record, tfcluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 FAKE = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
 
@@ -89,3 +93,45 @@ def test_detach_and_stop_over_ssh(testhosts, tmp_path):
         left = testhosts.ssh(name, "pgrep -f [f]ake_task.py || true").stdout.strip()
         assert not left, "%s still runs %s" % (name, left)
     assert_run_clean(record)
+
+
+def test_a_host_cut_off_mid_run_fails_the_run_and_the_others_are_stopped(testhosts, tmp_path):
+    """One host's link goes down: the run fails naming it within the lost-contact deadline, the
+    healthy hosts' tasks stop at once with their logs kept, and the cut host's tasks stop by
+    their lease once they can no longer hear the controller."""
+    import subprocess
+    inventory = ssh_inventory(testhosts, tmp_path)
+    runs_dir = str(tmp_path / "runs")
+    argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd", FAKE,
+            "-i", inventory, "--run-id", "cut", "--lost-contact", "5", "--lease", "5"]
+    env = dict(os.environ, FAKE_WORKER_0="forever", FAKE_WORKER_1="forever")
+    launcher = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    cut_name, cut_address = testhosts.hosts[2]
+    try:
+        def running():
+            try:
+                return run_record(runs_dir, "cut").get("state") == "running"
+            except (AssertionError, OSError, ValueError):
+                return False
+        from conftest import wait_for
+        wait_for(running, 60, "the run to be running")
+        testhosts.link(3, "down")
+        cut_at = time.monotonic()
+        out, err = launcher.communicate(timeout=120)
+        failed_after = time.monotonic() - cut_at
+        pid = run_record(runs_dir, "cut")["tasks"]["worker:1"]["pid"]
+    finally:
+        launcher.kill()
+        testhosts.link(3, "up")
+    assert launcher.returncode == 1, out + err
+    assert "lost contact with %s" % cut_address in err
+    assert failed_after < 5 + 10, failed_after
+    record = run_record(runs_dir, "cut")
+    for label in ("ps:0", "worker:0"):
+        assert record["tasks"][label]["state"] == "stopped", record["tasks"][label]
+        log = os.path.join(runs_dir, "cut", label.replace(":", "-") + ".log")
+        assert "fake %s starting" % label in open(log).read()
+    # Back on the network, the cut host has stopped its task by itself (lease of 5 s).
+    wait_for(lambda: testhosts.ssh(cut_name, "kill -0 %d" % pid).returncode != 0, 60,
+             "the cut host's task to stop")
