@@ -94,6 +94,7 @@ class AgentLink:
         except (OSError, socket.error, EOFError):
             pass
         finally:
+            _close_quietly(stream)  # its end: nothing else reads it
             self.closed = True
             self.replies.put(None)
             self.events.put((self.machine.key, CLOSED))
@@ -104,6 +105,8 @@ class AgentLink:
                 self._stderr.append(raw.decode("utf-8", "replace").rstrip())
         except (OSError, socket.error, EOFError):
             pass
+        finally:
+            _close_quietly(stream)
 
     def _wait_reply(self, timeout, what):
         try:
@@ -181,6 +184,13 @@ class AgentLink:
         except Exception:  # closing what is already broken
             pass
         self._connection = self._channel = None
+
+
+def _close_quietly(stream):
+    try:
+        stream.close()
+    except Exception:  # closing what is already broken
+        pass
 
 
 def no_python(machine):

@@ -153,6 +153,13 @@ class Agent:
 
         def stop_all():
             def stop_one(name):
+                # A task asked to stop as it starts: wait until its supervisor has recorded it.
+                task, deadline = self.tasks.get(name), time.monotonic() + 10
+                pid_file = os.path.join(self.run_dir, name + ".pid")
+                while task is not None and task.supervisor is not None and \
+                        task.supervisor.poll() is None and not os.path.exists(pid_file) and \
+                        time.monotonic() < deadline:
+                    time.sleep(0.02)
                 alive = S.task_state(self.run_dir, name)["alive"]
                 gone = S.kill_group(self.run_dir, name, msg.grace) if alive else True
                 result[name] = ("stopped" if gone else "still running") if alive else "not running"
