@@ -43,8 +43,8 @@ def test_ps_strategy(local_env):
     assert chief["num_workers"] == 2 and chief["num_ps"] == 2
     assert chief["steps_applied"] == chief["scheduled_steps"] == chief["global_step"] == 200
     for name, tasks in chief["ps_tasks_per_variable"].items():
-        assert [t.replace("/replica:0", "") for t in tasks] == ["/job:ps/task:0", "/job:ps/task:1"], (
-            name, tasks)
+        tasks = [t.replace("/replica:0", "") for t in tasks]
+        assert tasks == ["/job:ps/task:0", "/job:ps/task:1"], (name, tasks)
     checks.assert_learned(chief, 0.8, 0.5)  # measured (seed 0): 0.95, loss 0.15 x the start
     for label in ("worker:0", "worker:1", "ps:0", "ps:1"):
         assert record["tasks"][label]["state"] == "stopped", (label, record["tasks"][label])
