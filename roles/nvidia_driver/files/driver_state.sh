@@ -9,7 +9,7 @@ secure_boot=false
 if mokutil --sb-state 2>/dev/null | grep -q 'SecureBoot enabled'; then
     secure_boot=true
 fi
-installed=$(modinfo -F version nvidia 2>/dev/null | sed -n '1s/[^0-9.]//gp')
+installed=$(modinfo -F version nvidia 2>/dev/null | sed -n '1{s/[^0-9.]//g;p;}')
 loaded=""
 open=false
 if [ -r "$proc" ]; then
