@@ -34,7 +34,7 @@ def build_parser():
                              "gradients sent by all workers together)")
     parser.add_argument("--batch_size", type=int, default=128, help="per worker (local: in all)")
     parser.add_argument("--learning_rate", type=float, default=0.1,
-                        help="plain SGD (hogwild: divided by the number of workers + 1)")
+                        help="plain SGD (hogwild, async_stale: divided by the number of workers + 1)")
     model.add_model_flags(parser)
     parser.add_argument("--num_gpus", type=int, default=0,
                         help="GPUs per task (workers compute there; local mode uses them as towers)")
@@ -65,8 +65,9 @@ def check_mode(mode, info=None):
 
 
 def learning_rate(args, info):
-    """hogwild's rate is divided by its delay bound + 1 (see the module docstring)."""
-    if args.mode == "hogwild":
+    """The modes whose reply does not wait for the update divide the rate by workers + 1 (see
+    the module docstring)."""
+    if args.mode in ("hogwild", "async_stale"):
         return args.learning_rate / (info.num_workers + 1)
     return args.learning_rate
 
@@ -107,7 +108,7 @@ def train_distributed(info, server, dataset, args):
     share = 1 if args.mode == "sync" else info.num_workers
     progress = loop.Progress(info, args, args.batch_size, start["global_step"], *initial,
                              expected_steps=(args.train_steps - start["global_step"]) // share)
-    trace, rounds = {}, {}
+    trace, rounds, ps_used = {}, {}, []
     # Progress toward --train_steps: the global step, or for async_stale the gradients pushed
     # (the global step there counts applications, which lag behind on purpose).
     done = start["pushed"] if args.mode == "async_stale" else start["global_step"]
@@ -119,6 +120,9 @@ def train_distributed(info, server, dataset, args):
         if progress.devices is None:  # the first step runs traced: where the compute ran
             out, stats = models.traced_run(sess, m["step"], feed)
             progress.devices = models.placed_devices(stats, info.device)
+            ps_used = sorted({"/job:ps/task:%d" % (d.task or 0) for d in map(
+                tf.DeviceSpec.from_string, (s.device for s in stats.dev_stats if s.node_stats))
+                if d.job == "ps"})
         else:
             out = sess.run(m["step"], feed_dict=feed, options=options)
         if args.mode == "sync":
@@ -126,7 +130,8 @@ def train_distributed(info, server, dataset, args):
                 record(rounds, sess.run(m["aggregate"], options=options))
             out.update(sess.run(m["wait"], options=options))
         record(trace, {"version": version, "applied_to": out.get("applied_to"),
-                       "span": out.get("span"), "grad_sum": out["grad_sum"]})
+                       "span": out.get("span"), "grad_sum": out["grad_sum"],
+                       "step": out["progress"]})
         version, done = int(out["version"]), int(out["progress"])
         progress.tick(done, float(out["loss"]))
     elapsed = progress.stop()
@@ -143,6 +148,7 @@ def train_distributed(info, server, dataset, args):
     more = dict(counters={k: end[k] - start[k] for k in end},
                 num_workers=info.num_workers, num_ps=info.num_ps, learning_rate=rate,
                 trace=trace,
+                ps_tasks_used=ps_used,
                 ps_tasks_per_variable={name: sorted({d.split("/device:")[0] for d in devices})
                                        for name, devices in m["partition_devices"].items()})
     if rounds:

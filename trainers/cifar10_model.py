@@ -81,15 +81,22 @@ def param_specs(args, num_classes=10):
 def initializer(tf, spec, scheme="he", seed=0):
     """Biases: constants. Weights: the tutorial's fixed stddevs, or He scaling (sqrt(2/fan_in),
     which leaves the early loss plateau of the fixed stddevs behind). Seeded per parameter, so
-    every task builds the same initial values."""
+    every task builds the same initial values; a partition (multi_ps) takes its slice of the
+    whole parameter's values, so partitioning does not change the model."""
     name, shape, value = spec
     if name.endswith("_b"):
         return tf.compat.v1.constant_initializer(value)
     if scheme == "he":
         fan_in = int(np.prod(shape[:-1]))
         value = 1.0 / fan_in if name == "out_w" else math.sqrt(2.0 / fan_in)
-    return tf.compat.v1.truncated_normal_initializer(
+    whole = tf.compat.v1.truncated_normal_initializer(
         stddev=value, seed=(zlib.crc32(name.encode()) + seed) % (2 ** 31))
+
+    def initial(part_shape, dtype=tf.float32, partition_info=None):
+        if partition_info is None:
+            return whole(part_shape, dtype)
+        return tf.slice(whole(shape, dtype), partition_info.var_offset, part_shape)
+    return initial
 
 
 def inference(tf, images, params):
