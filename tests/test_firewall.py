@@ -24,6 +24,8 @@ if os.geteuid() != 0:
 from fixtures_testhosts import testhosts  # noqa: E402,F401,F811  (session fixture, used by name)
 from test_deploy import RECAP, Ansible, _tool, explain  # noqa: E402
 
+pytestmark = pytest.mark.root  # the network-namespace test hosts; no TensorFlow is started
+
 
 def run_own_playbook(ansible, playbook, label):
     """Ansible.run for a playbook outside playbooks/ (Ansible.run prefixes that folder):

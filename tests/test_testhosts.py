@@ -264,6 +264,7 @@ def test_inventory_works_with_ansible(testhosts):
         assert f"{name} | CHANGED | rc=0 >>\n{name}" in r.stdout
 
 
+@pytest.mark.root
 def test_inventory_says_offline(testhosts):
     """The hosts reach no registry: deploy.yml must install from the wheelhouse without -e."""
     from ansible.inventory.manager import InventoryManager
