@@ -12,6 +12,8 @@ import pytest
 from conftest import (REPO, assert_run_clean, pid_alive, processes_matching, run_record,
                       tfcluster, wait_for)
 
+pytestmark = pytest.mark.slow  # every case is a real launch of several processes
+
 FAKE = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
 CLUSTER = ("--ps", "1", "--workers", "2", "--chief", "0")
 
