@@ -47,18 +47,12 @@ def build_model(dataset, args, info):
     """Variables on the ps tasks, computation on this worker. Returns a dict of tensors/ops."""
     import tensorflow as tf
     v1 = tf.compat.v1
-    setter = v1.train.replica_device_setter(worker_device=info.device,
-                                            ps_device="/job:ps/cpu:0",
-                                            cluster=info.cluster_spec())
-    with v1.device(setter):
-        global_step = v1.train.get_or_create_global_step()
-        x = v1.placeholder(tf.float32, [None, int(dataset.train_x.shape[1])], name="x")
-        y = v1.placeholder(tf.int64, [None], name="y")
-        logits, _ = models.mlp_logits(x, args.hidden_units, dataset.num_classes,
-                                      activation=tf.sigmoid, init="random_normal")
-        cost, accuracy = models.xent_and_accuracy(logits, y)
+    model = models.replicated_mlp(info, dataset, args.hidden_units, activation=tf.sigmoid,
+                                  init="random_normal")
+    global_step = model["global_step"]
+    with v1.device(model["setter"]):
         train_op = v1.train.GradientDescentOptimizer(args.learning_rate).minimize(
-            cost, global_step=global_step)
+            model["loss"], global_step=global_step)
         with v1.control_dependencies([train_op]):
             step_after = global_step.read_value()  # includes this update (and maybe others')
     # The end-of-run rendezvous: each other worker leaves one item; the chief collects them.
@@ -68,8 +62,8 @@ def build_model(dataset, args, info):
         done = done_queue.enqueue(tf.constant(info.index, tf.int32))
         others = max(0, info.num_workers - 1)
         wait_done = done_queue.dequeue_many(others) if others else tf.no_op()
-    return {"global_step": global_step, "x": x, "y": y, "loss": cost, "accuracy": accuracy,
-            "train_op": train_op, "step_after": step_after, "done": done, "wait_done": wait_done}
+    model.update(train_op=train_op, step_after=step_after, done=done, wait_done=wait_done)
+    return model
 
 
 def wait_for_others(sess, model, seconds):

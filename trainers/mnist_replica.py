@@ -29,23 +29,17 @@ def build_model(dataset, args, info, num_workers):
     """The graph: placement, the network, the (sync) optimizer. Returns a dict of tensors/ops."""
     import tensorflow as tf
     v1 = tf.compat.v1
-    setter = v1.train.replica_device_setter(worker_device=info.compute_device(args.num_gpus),
-                                            ps_device="/job:ps/cpu:0",
-                                            cluster=info.cluster_spec())
-    with v1.device(setter):
-        global_step = v1.train.get_or_create_global_step()
-        x = v1.placeholder(tf.float32, [None, int(dataset.train_x.shape[1])], name="x")
-        y = v1.placeholder(tf.int64, [None], name="y")
-        logits, _ = models.mlp_logits(x, args.hidden_units, dataset.num_classes)
-        loss, accuracy = models.xent_and_accuracy(logits, y)
+    model = models.replicated_mlp(info, dataset, args.hidden_units,
+                                  worker_device=info.compute_device(args.num_gpus))
+    with v1.device(model["setter"]):
         optimizer = v1.train.AdamOptimizer(args.learning_rate)
         if args.sync_replicas:
             optimizer = v1.train.SyncReplicasOptimizer(
                 optimizer, replicas_to_aggregate=args.replicas_to_aggregate or num_workers,
                 total_num_replicas=num_workers, name="mnist_sync_replicas")
-        train_op = optimizer.minimize(loss, global_step=global_step)
-    return {"global_step": global_step, "x": x, "y": y, "loss": loss, "accuracy": accuracy,
-            "optimizer": optimizer, "train_op": train_op}
+        train_op = optimizer.minimize(model["loss"], global_step=model["global_step"])
+    model.update(optimizer=optimizer, train_op=train_op)
+    return model
 
 
 def train(info, server, dataset, args):

@@ -52,6 +52,25 @@ def mlp_logits(x, hidden_units, num_classes, activation=None, init="truncated_no
     return logits, first + second
 
 
+def replicated_mlp(info, dataset, hidden_units, worker_device=None, **mlp_options):
+    """The MLP for between-graph replication: variables and the global step on the ps tasks
+    (replica_device_setter), compute on WORKER_DEVICE (default: this task). A model dict with
+    "setter" (build the optimizer under it), global_step, x, y, loss and accuracy."""
+    import tensorflow as tf
+    v1 = tf.compat.v1
+    setter = v1.train.replica_device_setter(worker_device=worker_device or info.device,
+                                            ps_device="/job:ps/cpu:0",
+                                            cluster=info.cluster_spec())
+    with v1.device(setter):
+        global_step = v1.train.get_or_create_global_step()
+        x = v1.placeholder(tf.float32, [None, int(dataset.train_x.shape[1])], name="x")
+        y = v1.placeholder(tf.int64, [None], name="y")
+        logits, _ = mlp_logits(x, hidden_units, dataset.num_classes, **mlp_options)
+        loss, accuracy = xent_and_accuracy(logits, y)
+    return {"setter": setter, "global_step": global_step, "x": x, "y": y, "loss": loss,
+            "accuracy": accuracy}
+
+
 def xent_and_accuracy(logits, labels):
     """Mean softmax cross entropy and accuracy of LOGITS against integer LABELS."""
     import tensorflow as tf
