@@ -114,9 +114,12 @@ def test_timeout_stops_everything(local_env):
     assert_run_clean(record)
 
 
-def launcher_process(inventory, runs_dir, *extra, env=None):
-    argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd", FAKE,
+def launcher_process(inventory, runs_dir, *extra, env=None, example=None, trainer_args=()):
+    what = [example, "--smoke"] if example else ["--cmd", FAKE]
+    argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", *what,
             "-i", inventory, "--ps", "1", "--workers", "2", "--chief", "0"] + list(extra)
+    if trainer_args:
+        argv += ["--"] + list(trainer_args)
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, FAKE_WORKER_0="forever",
                                                 FAKE_WORKER_1="forever", **(env or {})))
@@ -221,3 +224,27 @@ def test_check_prints_a_table(local_env):
     inventory, _ = local_env
     proc = tfcluster("check", "-i", inventory, check=0)
     assert "localhost" in proc.stdout and "2.21" in proc.stdout and "same" in proc.stdout
+
+
+def test_a_killed_mnist_worker_restarts_and_the_run_succeeds(local_env):
+    """Between-graph replication survives a worker's death: with --restarts 1 the worker is
+    started again with the same TF_CONFIG, rejoins the ps, and the run succeeds."""
+    inventory, runs_dir = local_env
+    launcher = launcher_process(inventory, runs_dir, "--restarts", "1", example="mnist_replica",
+                                trainer_args=("--train_steps=400",))
+    try:
+        record = wait_running(runs_dir)
+        log = os.path.join(runs_dir, record["id"], "worker-1.log")
+        wait_for(lambda: os.path.exists(log) and "TFCLUSTER_METRIC" in open(log).read(), 180,
+                 "worker:1 to train")
+        os.killpg(record["tasks"]["worker:1"]["pid"], signal.SIGKILL)
+        out, err = launcher.communicate(timeout=300)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, out[-3000:] + err
+    assert "worker:1 on localhost was killed by SIGKILL; restarting worker:1" in out
+    record = run_record(runs_dir)
+    assert record["state"] == "succeeded" and record["tasks"]["worker:1"]["restarts"] == 1
+    assert record["results"]["worker:0"]["global_step"] >= 400
+    assert "worker:1" in record["results"]
+    assert_run_clean(record)

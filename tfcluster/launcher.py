@@ -226,7 +226,10 @@ class Launch:
                 raise RunFailed("cannot restart the job: " + "; ".join(leftovers))
             self.monitor.pump(0)
         for machine, mine in self.cluster.machines():
-            specs = [self.specs[t.label] for t in mine if t in tasks]
+            # Programs may tell a restart from a first start (e.g. to skip a start barrier).
+            specs = [dict(self.specs[t.label], env=dict(self.specs[t.label]["env"],
+                                                        TFCLUSTER_RESTARTS=str(entry["restarts"])))
+                     for t in mine if t in tasks]
             if specs:
                 self.hosts.link(machine).request(
                     P.Start(run_dir=host_run_dir(machine, self.run_id), tasks=specs,

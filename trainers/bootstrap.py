@@ -268,8 +268,8 @@ def start_barrier(sess, info, timeout_s=600):
     start (TensorFlow's import) was slower can find the target step already reached."""
     import tensorflow as tf
     ops = tf.compat.v1.get_collection(BARRIER)
-    if not ops:
-        return
+    if not ops or os.environ.get("TFCLUSTER_RESTARTS"):
+        return  # a restarted worker rejoins a job under way: nobody waits for it any more
     sess.run(ops[0])
     try:
         sess.run(ops[1], options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_s * 1000)))
