@@ -4,14 +4,18 @@ Seed 004. The network and its inputs are in cifar10_model.py, the ps modes (sync
 async_stale, hogwild, multi_ps) in cifar10_modes.py, the local towers in cifar10_local.py; this
 file holds the flags and a worker's training loop. Plain SGD, --learning_rate 0.1, batch 128.
 
-hogwild divides the learning rate by (workers + 1). Its updates are lock-free and its reply
-does not wait for them, so a gradient is computed on parameters that miss up to one update of
-every worker, its own last one included, and lands on parameters that moved meanwhile: a delay
-of up to N updates with N workers, and delayed SGD stays stable only with a rate shrunk about
-1 / (delay + 1). Measured on the full-size model, synthetic data, 400 steps, 2 workers: at 0.1
-it diverged (batch loss 8.9 at step 20, then stuck at ln 10 = 2.30, accuracy 0.10, two runs);
-at 0.05 it spiked (batch loss 4.5 at step 160, still 2.2 when stopped); at 0.033 (the rule) and
-0.025 it learned (benchmarks/RESULTS.md, "CIFAR-10 modes at full size").
+Every ps mode clips each worker's gradient to global norm 5 (--clip_norm; at the start the
+norm is 1 to 3), and the asynchronous modes divide the learning rate by (workers + 1); sync
+keeps it. Their gradients land on parameters that moved since they were read: by up to one
+update of every other worker, and in hogwild and async_stale, whose reply does not wait for
+the update, the worker's own last one too. Delayed SGD stays stable only with a rate shrunk about
+1 / (delay + 1), and lock-free updates (hogwild, multi_ps) also race. Measured on the full-size
+model, synthetic data, 400 steps, 2 workers (benchmarks/RESULTS.md, "CIFAR-10 modes at full
+size"): at 0.1, hogwild diverged (batch loss 6.3 at step 40, then stuck at ln 10 = 2.30) and
+multi_ps ended at accuracy 0.09; async_stale reached 0.51 at 0.1 and 0.84 at 0.033; hogwild at
+0.05 still spiked (batch loss 4.5 at step 160); at 0.033 (the rule) and 0.025 it reached 1.0.
+At 0.033 async and multi_ps still spiked (batch loss 3.4 and 17.8 early on): one stale
+gradient can throw the model off, hence the clipping.
 """
 import time
 
@@ -34,7 +38,9 @@ def build_parser():
                              "gradients sent by all workers together)")
     parser.add_argument("--batch_size", type=int, default=128, help="per worker (local: in all)")
     parser.add_argument("--learning_rate", type=float, default=0.1,
-                        help="plain SGD (hogwild, async_stale: divided by the number of workers + 1)")
+                        help="plain SGD (asynchronous modes: divided by the number of workers + 1)")
+    parser.add_argument("--clip_norm", type=float, default=5.0,
+                        help="ps modes: clip each gradient to this global norm (0: off)")
     model.add_model_flags(parser)
     parser.add_argument("--num_gpus", type=int, default=0,
                         help="GPUs per task (workers compute there; local mode uses them as towers)")
@@ -65,9 +71,9 @@ def check_mode(mode, info=None):
 
 
 def learning_rate(args, info):
-    """The modes whose reply does not wait for the update divide the rate by workers + 1 (see
-    the module docstring)."""
-    if args.mode in ("hogwild", "async_stale"):
+    """sync keeps --learning_rate; the asynchronous modes divide it by workers + 1 (see the
+    module docstring)."""
+    if args.mode in modes.MODES and args.mode != "sync":
         return args.learning_rate / (info.num_workers + 1)
     return args.learning_rate
 

@@ -12,9 +12,10 @@ gradients and what the reply carries:
                queue on the ps and an applier thread of worker 0 applies them later (all
                those waiting in one update, which for SGD equals applying them in turn)
   hogwild      lock-free: apply ops with use_locking=False, and the reply does not wait for
-               them; its learning rate is divided by workers + 1 (see cifar10.py)
+               them
   multi_ps     like hogwild, but every variable is partitioned across 2+ ps tasks and the
                reply waits for this worker's update
+Every mode but sync divides the learning rate by workers + 1 (see cifar10.py).
 
 Each step returns what it observed, so a test can check a mode by what happened:
   version      the global step read just after the parameters a reply carried: never older
@@ -85,6 +86,8 @@ def build(dataset, args, info, learning_rate):
         images, labels = model.inputs(tf, args, "train")
         loss, _ = model.loss_and_accuracy(tf, model.inference(tf, images, local), labels)
         grads = tf.gradients(loss, local)
+        if args.clip_norm > 0:  # one stale gradient must not throw the model off (cifar10.py)
+            grads, _ = tf.clip_by_global_norm(grads, args.clip_norm)
         version_in = v1.placeholder(tf.int64, [], name="version_in")
         local_step_in = v1.placeholder(tf.int64, [], name="local_step_in")
         evaluation = model.build_eval(tf, args, [value_of(p) for p in params])
