@@ -213,7 +213,10 @@ def test_first_deploy_provisions_every_host(deployed):
         assert out.returncode == 0, out.stderr
         assert out.stdout.split("\n")[:3] == ["tiny data set", "inside the archive",
                                                "downloaded from the second mirror"]
-        assert out.stdout.split()[-1] == "2775"
+        assert out.stdout.split()[-1] == "3775"
+        fence = subprocess.run(hosts.netns_argv(name) + ["nft", "list", "table", "inet",
+                                                         "tfcluster"], capture_output=True)
+        assert fence.returncode == 0, "%s: the firewall role loaded no fence" % name
 
 
 def test_second_deploy_changes_nothing(deployed):
@@ -337,8 +340,7 @@ def test_launch_across_the_deployed_hosts(deployed, tmp_path):
     for label in ("worker:0", "worker:1"):
         assert record["tasks"][label]["state"] == "succeeded"
         result = record["results"][label]
-        assert result["final_xent"] < 0.5 * max(r["initial_xent"]
-                                                for r in record["results"].values())
+        assert result["loss"] < 0.5 * max(r["initial_loss"] for r in record["results"].values())
     for name in ("ps-0", "worker-0", "worker-1"):
         assert os.path.getsize(os.path.join(runs_dir, record["id"], name + ".log")) > 0
     # Prefixed live output names each task's host.
@@ -358,4 +360,8 @@ def test_teardown_removes_everything(deployed):
         out = hosts.ssh(name, "test ! -e %s && test ! -e /etc/ansible/facts.d/gpus.fact "
                                   "&& ! getent passwd tfcluster" % ROOT)
         assert out.returncode == 0, "%s still has tfcluster files or user" % name
+        fence = subprocess.run(hosts.netns_argv(name) + ["nft", "list", "table", "inet",
+                                                         "tfcluster"], capture_output=True)
+        assert fence.returncode != 0, "%s: teardown left the firewall's table" % name
+    assert not os.path.exists("/etc/tfcluster-firewall.nft")
     ansible.torn_down = True
