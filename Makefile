@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEBIAN_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps rsync pciutils docker.io debootstrap ruby nftables
+DEBIAN_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps rsync pciutils docker.io debootstrap ruby nftables python3-packaging
 
 .PHONY: setup system-packages demo check test lint bench wheelhouse clean
 
