@@ -12,6 +12,8 @@ import sys
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # ansible-playbook and ansible-lint runs: seconds to minutes each
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROLES = sorted(d for d in os.listdir(os.path.join(REPO, "roles"))
                if os.path.isdir(os.path.join(REPO, "roles", d)))
@@ -246,36 +248,33 @@ def test_inventory_file_vars_beat_the_defaults(tmp_path):
 
 def test_stop_playbook_stops_tasks_of_local_slots(tmp_path):
     """Slots like inventory/local.yml's (local connection, tfcluster_deploy false, the checkout's
-    agent and Python): stop.yml stops their tasks once per machine and is changed only then."""
-    import base64
+    agent and Python): stop.yml stops a detached run's tasks once per machine, changed only then."""
     import json
-    agent = os.path.join(REPO, "trainers", "agent.py")
-    run_dir = tmp_path / "work" / "run1"
-    spec = base64.b64encode(json.dumps({"tasks": [
-        {"name": "sleeper", "command": "exec sleep 300"}]}).encode()).decode()
-    started = subprocess.run([sys.executable, agent, "start", "--dir", str(run_dir), "--spec", spec],
-                             capture_output=True, text=True, timeout=60)
-    assert started.returncode == 0, started.stderr
     inventory = tmp_path / "local.yml"
     inventory.write_text(
         "all:\n  vars:\n    ansible_connection: local\n"
         "    ansible_python_interpreter: \"{{ ansible_playbook_python }}\"\n"
         "    tfcluster_deploy: false\n    tfcluster_root: %s\n    tfcluster_python: %s\n"
-        "    tfcluster_workdir: %s\n  children:\n"
+        "    tfcluster_workdir: %s\n    tfcluster_port_base: 28700\n  children:\n"
         "    ps:\n      hosts:\n        ps0: {ansible_host: localhost}\n"
         "    worker:\n      hosts:\n        worker0: {ansible_host: localhost}\n"
         % (REPO, sys.executable, tmp_path / "work"))
+    runs = str(tmp_path / "runs")
+    tfcluster = [sys.executable, "-m", "tfcluster", "--runs-dir", runs]
+    started = run(tfcluster + ["launch", "--cmd", "exec sleep 300", "-i", str(inventory),
+                               "--ps", "0", "--detach", "--plain"])
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr
+    (record,) = [json.load(open(os.path.join(runs, r, "run.json"))) for r in os.listdir(runs)]
+    pid = record["tasks"]["worker:0"]["pid"]
     try:
         stop = run([_tool("ansible-playbook"), "-i", str(inventory), "playbooks/stop.yml"])
         assert stop.returncode == 0, stop.stdout[-4000:]
         assert re.search(r"^ps0\s+: ok=\d+\s+changed=1 ", stop.stdout, re.M), stop.stdout[-3000:]
         assert re.search(r"^worker0\s+: ok=\d+\s+changed=0 ", stop.stdout, re.M), stop.stdout[-3000:]
-        assert "Stopped: sleeper" in stop.stdout
-        poll = subprocess.run([sys.executable, agent, "poll", "--dir", str(run_dir)],
-                              capture_output=True, text=True, timeout=60)
-        assert json.loads(poll.stdout)["tasks"]["sleeper"]["alive"] is False
+        assert "Stopped: worker-0" in stop.stdout
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
         again = run([_tool("ansible-playbook"), "-i", str(inventory), "playbooks/stop.yml"])
         assert again.returncode == 0 and re.search(r"^ps0\s+: ok=\d+\s+changed=0 ", again.stdout, re.M)
     finally:
-        subprocess.run([sys.executable, agent, "stop", "--dir", str(run_dir), "--grace", "1"],
-                       capture_output=True, timeout=60)
+        run(tfcluster + ["stop", record["id"]])

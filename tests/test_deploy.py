@@ -34,6 +34,8 @@ if os.geteuid() != 0:
 
 from fixtures_testhosts import testhosts  # noqa: E402,F401,F811  (session fixture, used by name)
 
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
 ROOT = "/opt/tfcluster"
 TF_VERSION = "2.21.0"
 DEFAULT_PACKAGES = ["python3", "python3-venv", "pciutils"]  # roles/common/defaults/main.yml

@@ -26,6 +26,8 @@ from fixtures_testhosts import (  # noqa: E402
 
 pytest_plugins = ["fixtures_testhosts"]  # provides the `testhosts` fixture
 
+pytestmark = pytest.mark.root  # most of it makes network namespaces; all of it is about them
+
 needs_hosts = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
 
