@@ -10,16 +10,20 @@ def print_summary(reporter, cluster, record):
     keys = [k for k in SUMMARY_KEYS if any(k in r for r in results.values())]
     reporter.out()
     reporter.out("%-12s %-18s %-11s %-5s" % ("TASK", "HOST", "STATE", "EXIT")
-                 + "".join(" %14s" % k for k in keys))
+                 + "".join(" %14s" % k for k in keys)
+                 + ("  DEVICES" if any("devices" in r for r in results.values()) else ""))
     for task in cluster.tasks:
         entry = record["tasks"].get(task.label, {})
         row = "%-12s %-18s %-11s %-5s" % (task.label, task.machine.address, entry.get("state"),
                                           "-" if entry.get("exit") is None else entry.get("exit"))
         result = results.get(task.label, {})
         row += "".join(" %14s" % _fmt(result.get(k)) for k in keys)
+        if any("devices" in r for r in results.values()):
+            row += "  %-14s" % (",".join(d.replace("/device:", "") for d in result["devices"])
+                                if result.get("devices") else "-")
         if entry.get("restarts"):
             row += "  (restarted %d time(s))" % entry["restarts"]
-        reporter.out(row)
+        reporter.out(row.rstrip())
     total = aggregate_examples_per_s(cluster, results)
     if total:
         reporter.out("cluster throughput: %s examples/s (sum over %d training task(s))"
