@@ -104,6 +104,7 @@ class Hosts:
 
     def __init__(self):
         self.before = {}
+        dh.th.TOOL.update(dh.th.find_tools()[0])  # ssh and friends, as the script's main finds them
 
     def ssh(self, name, command, timeout=60, stdin=subprocess.DEVNULL):
         i = self.names.index(name) + 1

@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 
+# The deployed code stays as deploy left it (its hash is checked): no __pycache__ next to it.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainers import protocol as P  # noqa: E402
 from trainers import supervisor as S  # noqa: E402

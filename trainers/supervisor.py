@@ -29,13 +29,32 @@ def boot_id():
         return ""
 
 
-def start_time(pid):
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
+def _stat(pid):
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
     try:
         with open("/proc/%d/stat" % pid) as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def start_time(pid):
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (ValueError, IndexError):
+        return None
+
+
+def _live_members(pgid):
+    """True when a process that is not a zombie still belongs to process group PGID."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+                return True
+    return False
 
 
 def read_json(path):
@@ -62,16 +81,6 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def _group_exists(pgid):
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def group_is_ours(record):
     """True while the process group RECORD names is still the one we started.
 
@@ -84,10 +93,14 @@ def group_is_ours(record):
     pgid = int(record["pid"])
     if record.get("boot") != boot_id():
         return False
-    started = start_time(pgid)
-    if started is not None:
-        return started == record.get("start") and _group_exists(pgid)
-    return _group_exists(pgid)
+    fields = _stat(pgid)
+    if fields is not None and start_time(pgid) != record.get("start"):
+        return False  # the pid belongs to another process now
+    if fields is not None and fields[0] not in ("Z", "X"):
+        return True
+    # The leader is dead (or a zombie): the group is ours while a live member remains. Zombies
+    # count for nothing: a parent that does not reap them would keep a dead group "alive".
+    return _live_members(pgid)
 
 
 def task_names(run_dir):
