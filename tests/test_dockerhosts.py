@@ -221,7 +221,7 @@ def test_first_deploy_provisions_bare_containers(deployed):
                         % (ROOT, ROOT, ROOT))
         assert out.returncode == 0, "%s: %s" % (name, out.stderr[-2000:])
         lines = out.stdout.split("\n")
-        assert lines[2:5] == ["2775", "inside the archive", "2.21.0"], out.stdout
+        assert lines[2:5] == ["3775", "inside the archive", "2.21.0"], out.stdout
         # Deploy created the service user and group: the bare container had neither.
         assert "tfcluster:" not in hosts.before[name]
 
