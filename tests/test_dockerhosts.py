@@ -210,6 +210,7 @@ def deployed(dockerhosts, tmp_path_factory):
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.docker
 def test_first_deploy_provisions_bare_containers(deployed):
     hosts, _, first = deployed
     for name in hosts.names:
@@ -228,6 +229,7 @@ def test_first_deploy_provisions_bare_containers(deployed):
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.docker
 def test_second_deploy_changes_nothing(deployed):
     hosts, ansible, _ = deployed
     second = ansible.run("deploy.yml", "-e", "tensorflow_install_mode=offline",
@@ -239,6 +241,7 @@ def test_second_deploy_changes_nothing(deployed):
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.docker
 def test_launch_trains_across_the_containers(deployed, tmp_path):
     hosts, _, _ = deployed
     runs_dir = str(tmp_path / "runs")
@@ -263,6 +266,7 @@ def test_launch_trains_across_the_containers(deployed, tmp_path):
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.docker
 def test_stop_and_teardown_leave_the_containers_as_found(deployed):
     hosts, ansible, _ = deployed
     stop = ansible.run("stop.yml", label="stop")
@@ -275,6 +279,7 @@ def test_stop_and_teardown_leave_the_containers_as_found(deployed):
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.docker
 def test_down_after_the_engine_died_leaves_nothing(dockerhosts):
     hosts = dockerhosts
     state = json.load(open(dh.STATE_JSON))
