@@ -14,6 +14,8 @@ TESTS = os.path.join(REPO, "tests")
 sys.path.insert(0, TESTS)
 sys.path.insert(0, REPO)
 
+from trainers.hostinfo import port_is_free as port_free  # noqa: E402,F401  (tests import it from here)
+
 pytest_plugins = ["fixtures_testhosts"] if os.path.exists(
     os.path.join(TESTS, "fixtures_testhosts.py")) else []
 
@@ -122,16 +124,6 @@ def stop_leftovers(marker):
         except ProcessLookupError:
             pass
     return found
-
-
-def port_free(port):
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def pid_alive(pid):

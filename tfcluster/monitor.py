@@ -16,12 +16,11 @@ TAIL_LINES = 20
 class Monitor:
     """Task states of a run, fed by the events of every machine's agent."""
 
-    def __init__(self, hosts, cluster, record_dir, reporter, metrics=None, on_event=None):
+    def __init__(self, hosts, cluster, record_dir, reporter, metrics=None):
         self.hosts = hosts
         self.cluster = cluster
         self.reporter = reporter
         self.metrics = metrics
-        self.on_event = on_event
         self.by_name = {(t.machine.key, t.name): t for t in cluster.tasks}
         self.states = {}           # label -> {"alive", "exit", "state", "pid"}
         self.listening = set()     # labels of ps tasks that listen
@@ -76,8 +75,6 @@ class Monitor:
                          state=msg.state)
             self.states[task.label] = state
             self.reporter.task_exited(task, msg.code, task_state(task, state))
-        if self.on_event is not None:
-            self.on_event(task, msg)
 
     def _output(self, task, text):
         if self.record_dir and self.write_error is None:

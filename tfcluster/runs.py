@@ -10,7 +10,6 @@ import tempfile
 
 from tfcluster.errors import UsageError
 
-RESULT_PREFIX = "TFCLUSTER_RESULT "
 ACTIVE_STATES = ("starting", "running")
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
@@ -160,15 +159,3 @@ def latest(runs_dir, active_only=False):
         raise UsageError("no %s in %s: name one, or start one with `tfcluster launch`"
                          % (what, runs_dir))
     return candidates[-1]
-
-
-def results_from_log(text):
-    """The last TFCLUSTER_RESULT line of a log, parsed; None when there is none."""
-    found = None
-    for line in text.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            try:
-                found = json.loads(line[len(RESULT_PREFIX):])
-            except ValueError:
-                continue
-    return found
