@@ -220,6 +220,17 @@ def test_busy_port_fails_preflight_and_starts_nothing(local_env):
     assert not os.path.exists(runs_dir) or not os.listdir(runs_dir)
 
 
+def test_missing_dataset_fails_preflight_naming_it(local_env):
+    inventory, runs_dir = local_env
+    proc = tfcluster("launch", "mnist_replica", "-i", inventory, runs_dir=runs_dir)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    error = proc.stderr.strip()
+    assert len(error.splitlines()) == 1 and "Traceback" not in error, error
+    assert "data set mnist missing in" in error and "train-images-idx3-ubyte.gz" in error
+    assert "tfcluster data fetch mnist --dest" in error and "--smoke" in error
+    assert not os.path.exists(runs_dir) or not os.listdir(runs_dir)
+
+
 def test_check_prints_a_table(local_env):
     inventory, _ = local_env
     proc = tfcluster("check", "-i", inventory, check=0)

@@ -33,6 +33,8 @@ class Example:
     # What --restarts restarts when a worker fails: the task alone, or every task ("job": the
     # programs whose workers cannot rejoin, like MultiWorkerMirroredStrategy's all-reduce).
     restart: str = "task"
+    # The data set its `args` read from disk; preflight checks its files on every machine.
+    dataset: str = ""
 
 
 def load_catalog(path=None):

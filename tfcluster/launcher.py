@@ -22,7 +22,7 @@ from tfcluster.plot import draw_in_background
 from tfcluster.preflight import controller_code_hash, preflight, print_preflight
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
-from tfcluster.taskenv import host_run_dir, public_spec, task_specs, thread_plan
+from tfcluster.taskenv import data_needs, host_run_dir, public_spec, task_specs, thread_plan
 from tfcluster.teardown import finish, stop_tasks, write_task_records
 from trainers import protocol as P
 
@@ -99,7 +99,8 @@ class Launch:
             self.run_id, options.example.name, len(self.cluster.tasks),
             len(self.cluster.machines())))
         reports, problems = preflight(self.hosts, self.cluster,
-                                      expect_code=options.example.name != "custom")
+                                      expect_code=options.example.name != "custom",
+                                      data_needs=data_needs(self.cluster, options))
         problems += gpus.problems(self.cluster, reports)
         print_preflight(self.reporter, self.cluster, reports)
         if problems:

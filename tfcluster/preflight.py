@@ -4,6 +4,7 @@ import os
 from tfcluster.catalog import trainers_dir
 from tfcluster.errors import PreflightError
 from tfcluster.hosts import HostError, Hosts
+from trainers import datafiles
 from trainers import protocol as P
 
 # The agent imports TensorFlow once per interpreter and install; later preflights use the cache.
@@ -20,8 +21,10 @@ def runs_this_checkout(machine):
         os.path.realpath(trainers_dir())
 
 
-def preflight(hosts, cluster, expect_code=True):
-    """Open every machine's agent and check it; returns ({machine key: report}, [problem])."""
+def preflight(hosts, cluster, expect_code=True, data_needs=None):
+    """Open every machine's agent and check it; returns ({machine key: report}, [problem]).
+    DATA_NEEDS: {machine key: [[data set, folder]]} whose files must be there."""
+    data_needs = data_needs or {}
     controller_hash = controller_code_hash()
 
     def check(link):
@@ -33,7 +36,8 @@ def preflight(hosts, cluster, expect_code=True):
             if machine.is_local else ""
         return link.request(P.Preflight(python=machine.python, ports=ports,
                                         code_dir=machine.root.rstrip("/") + "/trainers",
-                                        cache_dir=cache),
+                                        cache_dir=cache,
+                                        datasets=data_needs.get(machine.key, [])),
                             timeout=IMPORT_SECONDS, what="to the preflight").report
 
     machines = [m for m, _ in cluster.machines()]
@@ -54,6 +58,12 @@ def preflight(hosts, cluster, expect_code=True):
         if busy:
             problems.append("%s: port(s) %s already in use: stop what uses them (`tfcluster stop`) "
                             "or set tfcluster_port_base" % (machine.label, ", ".join(busy)))
+        for name, folder in data_needs.get(machine.key, []):
+            absent = report.get("missing_data", {}).get(folder)
+            if absent:
+                problems.append("%s: data set %s missing in %s (%s): %s" % (
+                    machine.label, name, folder, ", ".join(absent),
+                    datafiles.FETCH_HINT.format(name=name, folder=folder)))
         if expect_code and report.get("code_hash") != controller_hash and \
                 not runs_this_checkout(machine):
             problems.append("%s: its trainer code differs from this checkout's: rerun "

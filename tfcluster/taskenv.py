@@ -4,6 +4,7 @@ import os
 
 from tfcluster import gpus
 from tfcluster.catalog import task_command
+from trainers import datafiles
 
 
 def host_run_dir(machine, run_id):
@@ -20,6 +21,19 @@ def thread_plan(cluster, reports, options):
             # Two inter-op threads at least: ParameterServerStrategy deadlocks with one.
             plan[task.label] = (options.intra_op_threads or share, options.inter_op_threads or 2)
     return plan
+
+
+def data_needs(cluster, options):
+    """{machine key: [[data set, folder]]} the tasks read from disk, for preflight to check."""
+    needs = {}
+    for task in cluster.tasks:
+        run_dir = host_run_dir(task.machine, "RUN-ID")
+        command = task_command(options.example, cluster, task, run_dir, run_dir + "/checkpoints",
+                               options.user_args, options.smoke)
+        need = datafiles.needed(command, options.example.dataset)
+        if need and list(need) not in needs.setdefault(task.machine.key, []):
+            needs[task.machine.key].append(list(need))
+    return needs
 
 
 def task_specs(cluster, options, run_id, threads):

@@ -83,7 +83,7 @@ class Agent:
 
     def on_preflight(self, msg):
         self.send(P.Report(report=preflight_report(msg.python, msg.ports, msg.code_dir,
-                                                   msg.cache_dir or None)))
+                                                   msg.cache_dir or None, msg.datasets)))
 
     def on_start(self, msg):
         for spec in msg.tasks:

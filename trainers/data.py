@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainers.datafiles import (CENSUS_FILES, CIFAR_TEST_FILE, CIFAR_TRAIN_FILES,  # noqa: F401
+                                MNIST_FILES, cifar10_dir, missing_files)
+
 
 class DataMissing(SystemExit):
     """Raised when a data set's files are absent; the message says how to get them."""
@@ -56,8 +59,6 @@ def one_hot(labels, num_classes):
 
 # ---------------------------------------------------------------- MNIST (IDX, gzip)
 
-MNIST_FILES = {"train_x": "train-images-idx3-ubyte.gz", "train_y": "train-labels-idx1-ubyte.gz",
-               "test_x": "t10k-images-idx3-ubyte.gz", "test_y": "t10k-labels-idx1-ubyte.gz"}
 IDX_IMAGES, IDX_LABELS = 2051, 2049
 
 
@@ -77,7 +78,7 @@ def read_idx(path):
 
 
 def load_mnist(data_dir, flat=True):
-    missing = [f for f in MNIST_FILES.values() if not os.path.exists(os.path.join(data_dir, f))]
+    missing = missing_files("mnist", data_dir)
     if missing:
         raise DataMissing("MNIST files missing in %s (%s): run `tfcluster data fetch mnist --dest %s`"
                           " or pass --dataset digits" % (data_dir, ", ".join(missing), data_dir))
@@ -119,8 +120,6 @@ def load_images(name, data_dir, flat=True):
 
 # ---------------------------------------------------------------- CIFAR-10 (binary batches)
 
-CIFAR_TRAIN_FILES = ["data_batch_%d.bin" % i for i in range(1, 6)]
-CIFAR_TEST_FILE = "test_batch.bin"
 CIFAR_SIDE, CIFAR_CHANNELS = 32, 3
 CIFAR_RECORD = 1 + CIFAR_SIDE * CIFAR_SIDE * CIFAR_CHANNELS
 CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
@@ -146,20 +145,11 @@ def read_cifar_batch(path):
     return np.ascontiguousarray(images.transpose(0, 2, 3, 1)), labels
 
 
-def cifar10_dir(data_dir):
-    """DATA_DIR itself or the cifar-10-batches-bin folder the archive extracts to."""
-    for candidate in (data_dir, os.path.join(data_dir, "cifar-10-batches-bin")):
-        if os.path.exists(os.path.join(candidate, CIFAR_TEST_FILE)):
-            return candidate
-    return data_dir
-
-
 def load_cifar10(data_dir):
     """CIFAR-10 from its binary batches. Images stay uint8 (N x 32 x 32 x 3): as float32 the
     50,000 training images would take 600 MB in every task; trainers convert per batch."""
     folder = cifar10_dir(data_dir)
-    names = CIFAR_TRAIN_FILES + [CIFAR_TEST_FILE]
-    missing = [n for n in names if not os.path.exists(os.path.join(folder, n))]
+    missing = missing_files("cifar10", data_dir)
     if missing:
         raise DataMissing("CIFAR-10 files missing in %s (%s): run `tfcluster data fetch cifar10 "
                           "--dest %s` or pass --dataset synthetic"
@@ -210,7 +200,6 @@ CENSUS_NUMERIC = ["age", "fnlwgt", "education_num", "capital_gain", "capital_los
                   "hours_per_week"]
 CENSUS_CATEGORICAL = ["workclass", "education", "marital_status", "occupation", "relationship",
                       "race", "gender", "native_country"]
-CENSUS_FILES = {"train": "adult.data", "test": "adult.test"}
 # One record per example: the 14 features, the label is separate. Categorical values are ASCII.
 CENSUS_DTYPE = np.dtype([(c, np.float32 if c in CENSUS_NUMERIC else "S32")
                          for c in CENSUS_COLUMNS[:-1]])
@@ -245,7 +234,7 @@ def read_census_csv(path, drop_missing=False):
 
 
 def load_census(data_dir, drop_missing=False):
-    missing = [f for f in CENSUS_FILES.values() if not os.path.exists(os.path.join(data_dir, f))]
+    missing = missing_files("census", data_dir)
     if missing:
         raise DataMissing("census files missing in %s (%s): run `tfcluster data fetch census "
                           "--dest %s` or pass --dataset synthetic"

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 
+from trainers import datafiles
 from trainers.protocol import code_hash
 
 
@@ -91,11 +92,13 @@ def gpu_names():
     return [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
 
 
-def preflight_report(python, ports, code_dir, cache_dir=None):
+def preflight_report(python, ports, code_dir, cache_dir=None, datasets=()):
     report = {"hostname": socket.gethostname(), "cpus": os.cpu_count() or 1,
               "agent_python": sys.executable}
     report.update(python_report(python, cache_dir))
     report["ports"] = {str(p): port_is_free(int(p)) for p in ports}
     report["code_hash"] = code_hash(code_dir) if os.path.isdir(code_dir) else None
     report["gpus"] = gpu_names()
+    missing = {folder: datafiles.missing_files(name, folder) for name, folder in datasets}
+    report["missing_data"] = {folder: names for folder, names in missing.items() if names}
     return report

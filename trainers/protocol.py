@@ -133,6 +133,8 @@ class Preflight:
     ports: list
     code_dir: str
     cache_dir: str = ""
+    # [data set, folder] pairs the machine's tasks read from disk (trainers/datafiles.py).
+    datasets: list = field(default_factory=list)
 
 
 @message

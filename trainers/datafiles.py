@@ -1,0 +1,70 @@
+"""The files each real data set's loader reads, and which of them a task command needs.
+
+Standard library only: the agent checks them at preflight (a missing data set fails the launch
+before anything starts), data.py loads them.
+"""
+import os
+import shlex
+
+MNIST_FILES = {"train_x": "train-images-idx3-ubyte.gz", "train_y": "train-labels-idx1-ubyte.gz",
+               "test_x": "t10k-images-idx3-ubyte.gz", "test_y": "t10k-labels-idx1-ubyte.gz"}
+CIFAR_TRAIN_FILES = ["data_batch_%d.bin" % i for i in range(1, 6)]
+CIFAR_TEST_FILE = "test_batch.bin"
+CENSUS_FILES = {"train": "adult.data", "test": "adult.test"}
+
+# How to get a data set where preflight found it missing.
+FETCH_HINT = "put it there (`tfcluster data fetch {name} --dest {folder}` for a local host, " \
+             "ansible-playbook playbooks/deploy.yml -e '{{\"datasets_names\": [\"{name}\"]}}' " \
+             "for the cluster) or pass --smoke"
+
+
+def cifar10_dir(data_dir):
+    """DATA_DIR itself or the cifar-10-batches-bin folder the archive extracts to."""
+    for candidate in (data_dir, os.path.join(data_dir, "cifar-10-batches-bin")):
+        if os.path.exists(os.path.join(candidate, CIFAR_TEST_FILE)):
+            return candidate
+    return data_dir
+
+
+def files(name, data_dir):
+    """(folder, file names) the loader of data set NAME reads below DATA_DIR."""
+    if name == "mnist":
+        return data_dir, list(MNIST_FILES.values())
+    if name == "cifar10":
+        return cifar10_dir(data_dir), CIFAR_TRAIN_FILES + [CIFAR_TEST_FILE]
+    if name == "census":
+        return data_dir, list(CENSUS_FILES.values())
+    raise ValueError("unknown data set %r" % name)
+
+
+def missing_files(name, data_dir):
+    """The files of data set NAME absent from DATA_DIR (empty: all there)."""
+    folder, names = files(name, data_dir)
+    return [n for n in names if not os.path.exists(os.path.join(folder, n))]
+
+
+def option(argv, flag):
+    """The last value of --FLAG in ARGV (argparse keeps the last), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
+
+
+def needed(command, dataset):
+    """(data set, folder) COMMAND reads from disk, or None: the example reads DATASET unless its
+    arguments pick another (--dataset=digits, synthetic); --data_dir says where."""
+    if not dataset:
+        return None
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    chosen = option(argv, "--dataset") or dataset
+    folder = option(argv, "--data_dir")
+    if chosen != dataset or not folder:
+        return None
+    return dataset, folder
