@@ -4,7 +4,7 @@ th1 (ps), th2 and th3 (workers) are the cluster; a fourth machine on the same br
 namespace HostSet.outsider() makes) is in no inventory. A listener on th1 stands in for a running
 ps on the ports the role fences; a playbook running only the firewall role fences the hosts (they
 need no TensorFlow for that), teardown.yml removes the fence. Training through the fence, the
-second deploy's changed=0 and --check on a deployed host are test_deploy.py's (deploy.yml runs the
+second deploy's changed=0 and --check on a deployed host are test_dockerhosts.py's (deploy.yml runs the
 role). Rules live in the hosts' network namespaces: the machine's own ruleset must not change.
 """
 import json
@@ -23,7 +23,7 @@ if os.geteuid() != 0:
                 allow_module_level=True)
 
 from fixtures_testhosts import testhosts  # noqa: E402,F401,F811  (session fixture, used by name)
-from test_deploy import RECAP, Ansible, _tool, explain  # noqa: E402
+from ansible_run import RECAP, Ansible, ansible_tool, explain  # noqa: E402
 
 pytestmark = pytest.mark.root  # the network-namespace test hosts; no TensorFlow is started
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.root  # the network-namespace test hosts; no TensorFlow
 def run_own_playbook(ansible, playbook, label, *args):
     """Ansible.run for a playbook outside playbooks/ (Ansible.run prefixes that folder):
     same environment and SSH masters, output kept for explain(), recap parsed, time recorded."""
-    argv = [_tool("ansible-playbook"), "-i", ansible.inventory, playbook, *args]
+    argv = [ansible_tool("ansible-playbook"), "-i", ansible.inventory, playbook, *args]
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_SSH_CONTROL_PATH_DIR=ansible.control_dir,
                ANSIBLE_RETRY_FILES_ENABLED="0")
     started = time.monotonic()

@@ -1,5 +1,5 @@
 """The launcher over SSH on the test hosts, with the checkout's own code (no deploy needed: the
-hosts share this machine's filesystem except /opt). Deploy + launch is in test_deploy.py."""
+hosts share this machine's filesystem except /opt). Deploy + launch is in test_dockerhosts.py."""
 import os
 import sys
 import time
