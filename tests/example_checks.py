@@ -4,8 +4,9 @@ collected into runs/<id>/tensorboard/<task>/."""
 import glob
 import json
 import os
+import struct
 
-from conftest import assert_run_clean, run_record, tfcluster
+from conftest import assert_run_clean, run_record, tfcluster, wait_for
 from trainers import protocol
 
 LAUNCH_TIMEOUT = 300  # the launcher stops everything itself after this long
@@ -74,7 +75,9 @@ def metric_points(run_dir, label):
 
 def check_metrics(run_dir, record, labels):
     """At least MIN_POINTS points per task, global steps never going back, the first at the
-    initial loss and the last at the result's loss and step."""
+    initial loss and the last at the result's loss and step; the same points in the run's
+    metrics.jsonl, and its metrics.png drawn."""
+    check_metrics_file_and_png(run_dir, labels)
     for label in labels:
         result = record["results"][label]
         points = metric_points(run_dir, label)
@@ -85,6 +88,24 @@ def check_metrics(run_dir, record, labels):
         assert points[-1]["loss"] == result["loss"], (label, points[-1])
         assert points[-1]["step"] == result["global_step"], (label, points[-1])
         assert sum(1 for p in points if p.get("examples_per_s")) >= MIN_POINTS - 1, points
+
+
+def check_metrics_file_and_png(run_dir, labels):
+    """metrics.jsonl holds each task's logged points (step and loss, in order); metrics.png is a
+    whole PNG image (drawn in the background after the run: waited for)."""
+    from tfcluster import metrics
+    stored = metrics.load(run_dir).records
+    for label in labels:
+        logged = [(p["step"], p.get("loss")) for p in metric_points(run_dir, label)]
+        kept = [(r["step"], r.get("loss")) for r in stored if r["task"] == label]
+        assert len(kept) >= MIN_POINTS and kept == logged, (label, kept, logged)
+    path = os.path.join(run_dir, "metrics.png")
+    wait_for(lambda: os.path.exists(path), 60, "metrics.png in " + run_dir)
+    with open(path, "rb") as handle:
+        data = handle.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 400 and height >= 300 and data.endswith(b"IEND\xaeB`\x82"), (width, height)
 
 
 def tensorboard_scalars(run_dir, label):

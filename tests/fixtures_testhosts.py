@@ -167,6 +167,11 @@ class HostSet:
         if r.returncode != 0:
             raise RuntimeError(f"testhosts link {i} {updown} failed: {r.stderr.strip()}")
 
+    def sshd(self, i, action):
+        r = run_script("sshd", i, action)
+        if r.returncode != 0:
+            raise RuntimeError(f"testhosts sshd {i} {action} failed: {r.stderr.strip()}")
+
     def netns_argv(self, host):
         """argv prefix running a command in HOST's network namespace, without SSH."""
         i = host if isinstance(host, int) else [n for n, _ in self.hosts].index(host) + 1

@@ -103,6 +103,26 @@ def test_custom_command_gets_cluster_and_interpreter(local_env):
     assert record["results"]["worker:2"] == {"task": "worker:2", "accuracy": 0.5}
 
 
+def test_custom_command_metrics_reach_the_file_the_plot_and_tensorboard(local_env):
+    """A --cmd program printing the documented metrics lines and writing tf.summary scalars
+    where the README says gets what the built-in examples get."""
+    from example_checks import check_metrics, tensorboard_scalars
+    inventory, runs_dir = local_env
+    program = "python %s" % os.path.join(REPO, "tests", "programs", "metrics_task.py")
+    tfcluster("launch", "--cmd", program, "-i", inventory, "--ps", "0", "--workers", "2",
+              "--run-id", "own", runs_dir=runs_dir, check=0)
+    record = run_record(runs_dir, "own")
+    run_dir = os.path.join(runs_dir, "own")
+    workers = ["worker:0", "worker:1"]
+    assert sorted(record["results"]) == workers
+    for label in workers:
+        result = record["results"][label]
+        assert result["loss"] < 0.1 * result["initial_loss"], result
+        scalars = tensorboard_scalars(run_dir, label)
+        assert [step for step, _ in scalars["loss"]] == list(range(1, 9)), scalars
+    check_metrics(run_dir, record, workers)
+
+
 def test_timeout_stops_everything(local_env):
     inventory, runs_dir = local_env
     proc = tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--ps", "1", "--workers", "1",

@@ -62,6 +62,24 @@ def test_unreachable_host_fails_preflight_naming_it(testhosts, tmp_path):
     assert elapsed < 60
 
 
+def test_sshd_down_fails_preflight_naming_the_host(testhosts, tmp_path):
+    inventory = ssh_inventory(testhosts, tmp_path)
+    name, address = testhosts.hosts[1]
+    testhosts.sshd(2, "stop")
+    try:
+        proc = tfcluster("launch", "--cmd", FAKE, "-i", inventory, runs_dir=str(tmp_path / "runs"))
+    finally:
+        testhosts.sshd(2, "start")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    error = proc.stderr.strip()
+    assert len(error.splitlines()) == 1 and "Traceback" not in error, error
+    assert address in error and "connection refused on port 22: is sshd running?" in error
+    assert testhosts.hosts[0][1] + ":" not in error
+    assert not os.path.exists(tmp_path / "runs") or not os.listdir(tmp_path / "runs")
+    # Back up, the host serves again.
+    assert testhosts.ssh(name, "true").returncode == 0
+
+
 def test_unknown_host_key_is_refused(testhosts, tmp_path):
     empty = tmp_path / "known_hosts"
     empty.write_text("")

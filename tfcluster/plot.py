@@ -88,7 +88,9 @@ def write_run_png(run_dir):
     if not metrics.load(run_dir).records:
         return None
     path = os.path.join(run_dir, "metrics.png")
-    write_png([run_dir], path)
+    partial = path + ".partial"  # drawn in the background: nobody may see half a picture
+    write_png([run_dir], partial)
+    os.replace(partial, path)
     return path
 
 

@@ -32,8 +32,9 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
         if link.hello is None:
             link.open()
         ports = [t.port for t in cluster.tasks if t.machine.key == machine.key and t.port]
-        cache = os.path.join(os.path.expanduser("~"), ".cache", "tfcluster") \
-            if machine.is_local else ""
+        # The host's own cache: TensorFlow is imported once per interpreter and install, not at
+        # every launch (16 test hosts on one machine would import it 16 times a launch).
+        cache = "~/.cache/tfcluster"
         return link.request(P.Preflight(python=machine.python, ports=ports,
                                         code_dir=machine.root.rstrip("/") + "/trainers",
                                         cache_dir=cache,

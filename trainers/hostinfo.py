@@ -59,6 +59,7 @@ def python_report(python, cache_dir=None):
         return {"python_ok": False, "error": "%s cannot import tensorflow: it is not installed"
                 % python}
     key = hashlib.sha256((os.path.realpath(python) + found.stdout).encode()).hexdigest()[:16]
+    cache_dir = os.path.expanduser(cache_dir) if cache_dir else None
     cache = os.path.join(cache_dir, ".preflight-%s.json" % key) if cache_dir else None
     if cache and os.path.exists(cache):
         try:
@@ -78,8 +79,11 @@ def python_report(python, cache_dir=None):
     lines = out.stdout.strip().splitlines()
     report = {"python_ok": True, "tf_version": lines[-2], "python_version": lines[-1]}
     if cache:
-        os.makedirs(cache_dir, exist_ok=True)
-        write_atomic(cache, json.dumps(report))
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            write_atomic(cache, json.dumps(report))
+        except OSError:
+            pass  # no writable home: the next preflight imports TensorFlow again
     return report
 
 
