@@ -109,8 +109,8 @@ def test_custom_command_metrics_reach_the_file_the_plot_and_tensorboard(local_en
     from example_checks import check_metrics, tensorboard_scalars
     inventory, runs_dir = local_env
     program = "python %s" % os.path.join(REPO, "tests", "programs", "metrics_task.py")
-    tfcluster("launch", "--cmd", program, "-i", inventory, "--ps", "0", "--workers", "2",
-              "--run-id", "own", runs_dir=runs_dir, check=0)
+    tfcluster("launch", "--cmd", program, "-i", inventory, "--chief", "0", "--ps", "0",
+              "--workers", "2", "--run-id", "own", runs_dir=runs_dir, check=0)
     record = run_record(runs_dir, "own")
     run_dir = os.path.join(runs_dir, "own")
     workers = ["worker:0", "worker:1"]
