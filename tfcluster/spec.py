@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from tfcluster.errors import UsageError
 from tfcluster.inventory import JOBS, Machine, check_host
+from trainers import protocol
 
 # Jobs that run a gRPC server and so appear in the cluster; an evaluator only reads checkpoints.
 SERVER_JOBS = ("chief", "worker", "ps")
@@ -25,12 +26,12 @@ class Task:
 
     @property
     def label(self):
-        return "%s:%d" % (self.job, self.index)
+        return protocol.task_label(self.job, self.index)
 
     @property
     def name(self):
         """File-safe name, used for logs and pid files."""
-        return "%s-%d" % (self.job, self.index)
+        return protocol.task_file_name(self.job, self.index)
 
     @property
     def address(self):

@@ -51,12 +51,12 @@ class ClusterInfo:
 
     @property
     def label(self):
-        return "%s:%d" % (self.job, self.index)
+        return protocol.task_label(self.job, self.index)
 
     @property
     def name(self):
         """worker-0: the task's name in file names (its log, its TensorBoard folder)."""
-        return "%s-%d" % (self.job, self.index)
+        return protocol.task_file_name(self.job, self.index)
 
     def cluster_spec(self):
         import tensorflow as tf

@@ -73,6 +73,16 @@ def parse_line(line):
 
 # ---------------------------------------------------------------- the trainer code's identity
 
+def task_label(job, index):
+    """worker:0: how records, metrics and the console name a task."""
+    return "%s:%d" % (job, index)
+
+
+def task_file_name(job, index):
+    """worker-0: a task's name in file names (its log, pid record, TensorBoard folder)."""
+    return "%s-%d" % (job, index)
+
+
 HASHED_SUFFIXES = (".py", ".yml", ".yaml", ".json", ".txt")
 
 
