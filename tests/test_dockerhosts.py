@@ -110,8 +110,10 @@ def test_compose_file_describes_the_hosts_dockerhosts_starts():
 # ---------------------------------------------------------------- on containers
 
 def on_containers(test):
-    """Marks a test that needs root and a Docker engine (tests run in file order)."""
-    return pytest.mark.root(pytest.mark.slow(pytest.mark.docker(test)))
+    """Marks a test that needs root and a Docker engine (tests run in file order). The first
+    one's setup brings the containers up (building the base image with debootstrap when the
+    cache lacks it) and deploys: up to 15 minutes on a busy 2-core machine."""
+    return pytest.mark.timeout(1800)(pytest.mark.root(pytest.mark.slow(pytest.mark.docker(test))))
 
 
 class Hosts:
