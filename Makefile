@@ -14,9 +14,7 @@ setup: $(STAMP) system-packages
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# --no-compile: byte-compiling all of TensorFlow takes half the install; Python compiles
-	# what it imports, when it first imports it.
-	$(BIN)/pip install --quiet --no-compile -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 # The multi-host tests need network namespaces and sshd; only root can install or use them.
