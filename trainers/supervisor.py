@@ -38,16 +38,20 @@ def _stat(pid):
         return None
 
 
-def start_time(pid):
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
-    fields = _stat(pid)
+def _start_of(fields):
+    """Start time (clock ticks since boot, /proc/PID/stat field 22) from _stat's FIELDS."""
     try:
         return int(fields[19]) if fields else None
     except (ValueError, IndexError):
         return None
 
 
-def _live_members(pgid):
+def start_time(pid):
+    """The process's start time in clock ticks since boot, or None."""
+    return _start_of(_stat(pid))
+
+
+def _has_live_member(pgid):
     """True when a process that is not a zombie still belongs to process group PGID."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -94,13 +98,13 @@ def group_is_ours(record):
     if record.get("boot") != boot_id():
         return False
     fields = _stat(pgid)
-    if fields is not None and start_time(pgid) != record.get("start"):
+    if fields is not None and _start_of(fields) != record.get("start"):
         return False  # the pid belongs to another process now
     if fields is not None and fields[0] not in ("Z", "X"):
         return True
     # The leader is dead (or a zombie): the group is ours while a live member remains. Zombies
     # count for nothing: a parent that does not reap them would keep a dead group "alive".
-    return _live_members(pgid)
+    return _has_live_member(pgid)
 
 
 def task_names(run_dir):
