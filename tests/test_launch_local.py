@@ -104,7 +104,7 @@ def test_custom_command_gets_cluster_and_interpreter(local_env):
 
 
 def test_custom_command_metrics_reach_the_file_the_plot_and_tensorboard(local_env):
-    """A --cmd program printing the documented metrics lines and writing tf.summary scalars
+    """A --cmd program printing the documented metrics lines and writing TensorBoard scalars
     where the README says gets what the built-in examples get."""
     from example_checks import check_metrics, tensorboard_scalars
     inventory, runs_dir = local_env
