@@ -42,6 +42,7 @@ class AgentLink:
         self._stderr = collections.deque(maxlen=20)
         self._proc = self._connection = self._channel = None
         self._send_lock = threading.Lock()
+        self._readers = []
 
     @property
     def agent_path(self):
@@ -70,8 +71,10 @@ class AgentLink:
             raise HostError(self.machine, no_python(self.machine)) from None
         except Exception as err:  # paramiko, socket and OS errors all mean "unreachable"
             raise HostError(self.machine, describe_connection_error(err, self.machine)) from None
-        threading.Thread(target=self._read, args=(stdout,), daemon=True).start()
-        threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True).start()
+        self._readers = [threading.Thread(target=self._read, args=(stdout,), daemon=True),
+                         threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True)]
+        for reader in self._readers:
+            reader.start()
         reply = self._wait_reply(timeout, "to start its agent")
         if not isinstance(reply, P.Hello):
             raise HostError(self.machine, "the agent answered %r instead of hello" % (reply,))
@@ -170,6 +173,7 @@ class AgentLink:
                 self.send(P.Detach())
         except HostError:
             pass
+        remote = self._channel is not None
         try:
             if self._proc is not None:
                 self._proc.stdin.close()
@@ -184,6 +188,10 @@ class AgentLink:
         except Exception:  # closing what is already broken
             pass
         self._connection = self._channel = None
+        # The readers close their streams as they end: a paramiko file still open at
+        # interpreter exit prints a traceback from its __del__.
+        for reader in self._readers if remote else ():
+            reader.join(1)
 
 
 def _close_quietly(stream):

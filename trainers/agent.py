@@ -106,7 +106,6 @@ class Agent:
             S.write_atomic(os.path.join(self.run_dir, ".lease"), "")
             if not self.lease:
                 S.write_atomic(os.path.join(self.run_dir, ".detached"), "")
-        here = os.path.abspath(__file__)
         for spec in msg.tasks:
             name = spec["name"]
             if msg.restart:
@@ -116,8 +115,7 @@ class Agent:
                 os.unlink(os.path.join(self.run_dir, name + ".status"))
                 os.unlink(os.path.join(self.run_dir, name + ".pid"))
             proc = subprocess.Popen(
-                [sys.executable, here, "supervise", "--dir", self.run_dir, "--name", name,
-                 "--lease", str(self.lease)],
+                [sys.executable, "-S", S.__file__, self.run_dir, name, str(self.lease)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 start_new_session=True, close_fds=True)
             proc.stdin.write(json.dumps(spec).encode())
@@ -308,12 +306,6 @@ def cmd_serve(args):
     Agent().serve()
 
 
-def cmd_supervise(args):
-    if not TASK_NAME.match(args.name):
-        raise SystemExit("bad task name %r" % args.name)
-    S.supervise(args.dir, args.name, args.lease)
-
-
 def cmd_stop(args):
     """Stop every task of a run folder (playbooks/stop.yml); verified identities only."""
     names = [n for n in S.task_names(args.dir) if TASK_NAME.match(n)]
@@ -341,11 +333,6 @@ def build_parser():
     here = os.path.dirname(os.path.abspath(__file__))
     sub.add_parser("serve", help="talk to the controller on stdin/stdout").set_defaults(
         func=cmd_serve)
-    p = sub.add_parser("supervise", help=argparse.SUPPRESS)
-    p.add_argument("--dir", required=True)
-    p.add_argument("--name", required=True)
-    p.add_argument("--lease", type=float, default=0)
-    p.set_defaults(func=cmd_supervise)
     p = sub.add_parser("stop", help="stop every task of a run folder (TERM, then KILL)")
     p.add_argument("--dir", required=True)
     p.add_argument("--grace", type=float, default=10)

@@ -40,25 +40,39 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
+# Sets `found`: where an interpreter would import TensorFlow from, with its mtime, or "".
+LOCATE_TENSORFLOW = (
+    "import importlib.util, os\n"
+    "spec = importlib.util.find_spec('tensorflow')\n"
+    "found = repr((os.path.realpath(spec.origin), os.path.getmtime(spec.origin))) "
+    "if spec and spec.origin else ''\n")
+
+
 def python_report(python, cache_dir=None):
     """Version of TensorFlow importable by PYTHON, or the reason it is not.
 
     A successful import is remembered in CACHE_DIR, keyed by the interpreter and the installed
     TensorFlow package's path and modification time: a reinstall or upgrade invalidates it.
     """
-    locate = ("import importlib.util, os; s = importlib.util.find_spec('tensorflow'); "
-              "print(repr((os.path.realpath(s.origin), os.path.getmtime(s.origin))) if s else '')")
-    try:
-        found = subprocess.run([python, "-c", locate], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        return {"python_ok": False, "error": "no interpreter at %s (tfcluster_python): run "
-                "ansible-playbook playbooks/deploy.yml or set tfcluster_python" % python}
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return {"python_ok": False, "error": "cannot run %s: %s" % (python, err)}
-    if found.returncode != 0 or not found.stdout.strip():
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
+        # The agent's own interpreter: look in-process rather than start another one.
+        scope = {}
+        exec(LOCATE_TENSORFLOW, scope)
+        found = scope["found"]
+    else:
+        try:
+            out = subprocess.run([python, "-c", LOCATE_TENSORFLOW + "print(found)"],
+                                 capture_output=True, text=True, timeout=60)
+        except FileNotFoundError:
+            return {"python_ok": False, "error": "no interpreter at %s (tfcluster_python): run "
+                    "ansible-playbook playbooks/deploy.yml or set tfcluster_python" % python}
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return {"python_ok": False, "error": "cannot run %s: %s" % (python, err)}
+        found = out.stdout.strip() if out.returncode == 0 else ""
+    if not found:
         return {"python_ok": False, "error": "%s cannot import tensorflow: it is not installed"
                 % python}
-    key = hashlib.sha256((os.path.realpath(python) + found.stdout).encode()).hexdigest()[:16]
+    key = hashlib.sha256((os.path.realpath(python) + found + "\n").encode()).hexdigest()[:16]
     cache_dir = os.path.expanduser(cache_dir) if cache_dir else None
     cache = os.path.join(cache_dir, ".preflight-%s.json" % key) if cache_dir else None
     if cache and os.path.exists(cache):

@@ -1,6 +1,7 @@
 """One task under its supervisor, and the records that let anyone stop it later. Stdlib only.
 
-A supervisor (`agent.py supervise`) starts its task in a new session and process group, copies
+A supervisor (`python -S supervisor.py DIR NAME LEASE`, started by the agent: its own small
+program, so a task costs one lean interpreter rather than a second agent) starts its task in a new session and process group, copies
 the task's output to NAME.log and to the agent, honours the controller's lease and writes the exit
 status. It outlives the agent, so a run's tasks keep being recorded if the agent dies.
 
@@ -222,3 +223,16 @@ def supervise(run_dir, name, lease):
         pass
     code = proc.returncode
     write_atomic(base + ".status", str(code if code >= 0 else 128 - code))
+
+
+def main(argv):
+    try:
+        run_dir, name, lease = argv
+        lease = float(lease)
+    except ValueError:
+        raise SystemExit("usage: supervisor.py RUN_DIR TASK_NAME LEASE_SECONDS") from None
+    supervise(run_dir, name, lease)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
