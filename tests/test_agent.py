@@ -100,6 +100,27 @@ def test_tasks_stream_output_and_exit_status_and_keep_secrets(agent, tmp_path):
     assert json.loads((run_dir / "worker-0.task.json").read_text())["env_names"] == ["GREETING"]
 
 
+def test_a_forked_supervisor_keeps_nothing_of_the_agent_and_outlives_it(agent, tmp_path):
+    run_dir = tmp_path / "run"
+    start(agent, run_dir, [{"name": "worker-0", "command": "sleep 2; echo done"}])
+    agent.next(P.Started)
+    record = json.loads((run_dir / "worker-0.pid").read_text())
+    sup = record["supervisor"]
+    assert sup != agent.proc.pid and os.getsid(sup) == sup  # a session of its own
+
+    def pipes(pid):
+        return {os.readlink("/proc/%d/fd/%s" % (pid, fd)) for fd in os.listdir("/proc/%d/fd" % pid)}
+    agent_channel = {os.readlink("/proc/%d/fd/%d" % (agent.proc.pid, fd)) for fd in (0, 1)}
+    assert not pipes(sup) & agent_channel  # neither the controller's pipes nor the agent's
+    # The agent dies: the supervisor records the task's end all the same, then is gone.
+    agent.proc.kill()
+    agent.proc.wait()
+    wait_for(lambda: (run_dir / "worker-0.status").exists(), 20, "the exit status")
+    assert (run_dir / "worker-0.status").read_text() == "0"
+    assert (run_dir / "worker-0.log").read_text() == "done\n"
+    wait_for(lambda: not pid_alive(sup), 10, "the supervisor to end")
+
+
 def test_stop_kills_the_whole_process_group(agent, tmp_path):
     run_dir = tmp_path / "run"
     # The task forks a grandchild; stopping must take both.

@@ -18,7 +18,6 @@ import os
 import re
 import select
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -114,13 +113,7 @@ class Agent:
                     raise ValueError("task %s is not ended, it cannot restart" % name)
                 os.unlink(os.path.join(self.run_dir, name + ".status"))
                 os.unlink(os.path.join(self.run_dir, name + ".pid"))
-            proc = subprocess.Popen(
-                [sys.executable, "-S", S.__file__, self.run_dir, name, str(self.lease)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True)
-            proc.stdin.write(json.dumps(spec).encode())
-            proc.stdin.close()
-            os.set_blocking(proc.stdout.fileno(), False)
+            proc = S.fork(self.run_dir, name, self.lease, spec)
             self.tasks[name] = Task(name, spec.get("port"), proc)
         self.send(P.Accepted())
 

@@ -1,9 +1,9 @@
 """One task under its supervisor, and the records that let anyone stop it later. Stdlib only.
 
-A supervisor (`python -S supervisor.py DIR NAME LEASE`, started by the agent: its own small
-program, so a task costs one lean interpreter rather than a second agent) starts its task in a new session and process group, copies
-the task's output to NAME.log and to the agent, honours the controller's lease and writes the exit
-status. It outlives the agent, so a run's tasks keep being recorded if the agent dies.
+A supervisor (forked by the agent: a task costs no second interpreter start) starts its task in
+a new session and process group, copies the task's output to NAME.log and to the agent, honours
+the controller's lease and writes the exit status. It lives in a session of its own and outlives
+the agent, so a run's tasks keep being recorded if the agent dies.
 
 Run folder (0700, files 0600), per task: NAME.log, NAME.pid (the group leader's pid, its start time
 and the boot id: a pid is only signalled while all three still match), NAME.status (exit status,
@@ -16,7 +16,7 @@ import os
 import select
 import signal
 import subprocess
-import sys
+import threading
 import time
 
 LEASE_CHECK_SECONDS = 1.0
@@ -158,10 +158,60 @@ def lease_expired(run_dir, lease_seconds):
         return False
 
 
-def supervise(run_dir, name, lease):
-    """Run the task whose spec arrives on stdin; its output goes to NAME.log and to stdout."""
-    spec = json.loads(sys.stdin.read())
-    sys.stdin.close()
+class Forked:
+    """A forked supervisor as the agent sees it, with Popen's pid, stdout, poll() and wait().
+
+    The lock lets the agent's stop threads poll while its main loop waits."""
+
+    def __init__(self, pid, stdout):
+        self.pid, self.stdout, self.returncode = pid, stdout, None
+        self._lock = threading.Lock()
+
+    def _reap(self, flags):
+        with self._lock:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, flags)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self):
+        return self._reap(os.WNOHANG)
+
+    def wait(self):
+        return self._reap(0)
+
+
+def fork(run_dir, name, lease, spec):
+    """Start SPEC's task under a supervisor forked from this process; a Forked.
+
+    The child keeps nothing of the agent's: a session of its own, /dev/null for stdin and
+    stderr, its stdout the pipe to the agent, every other descriptor closed, default signals.
+    It never returns into the agent's code."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(write_end, 1)
+            os.dup2(null, 2)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            supervise(run_dir, name, lease, spec, out_fd=1)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    os.set_blocking(read_end, False)
+    return Forked(pid, os.fdopen(read_end, "rb", buffering=0))
+
+
+def supervise(run_dir, name, lease, spec, out_fd):
+    """Run the task of SPEC; its output goes to NAME.log and to OUT_FD (the agent)."""
     base = os.path.join(run_dir, name)
     env = dict(os.environ)
     env.update(spec.get("env") or {})
@@ -171,17 +221,17 @@ def supervise(run_dir, name, lease):
     record["env_names"] = sorted(spec.get("env") or {})
     write_atomic(base + ".task.json", json.dumps(record))
     log_fd = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    agent = sys.stdout.buffer
+    agent = out_fd
 
     def emit(data):
         nonlocal agent
         os.write(log_fd, data)
-        if agent is not None:
+        view = memoryview(data)
+        while agent is not None and view:
             try:
-                agent.write(data)
-                agent.flush()
-            except (BrokenPipeError, OSError):
-                agent = None  # the agent is gone; the log file still gets everything
+                view = view[os.write(agent, view):]
+            except OSError:  # the agent is gone; the log file still gets everything
+                agent = None
 
     read_end, write_end = os.pipe()
     try:
@@ -224,15 +274,3 @@ def supervise(run_dir, name, lease):
     code = proc.returncode
     write_atomic(base + ".status", str(code if code >= 0 else 128 - code))
 
-
-def main(argv):
-    try:
-        run_dir, name, lease = argv
-        lease = float(lease)
-    except ValueError:
-        raise SystemExit("usage: supervisor.py RUN_DIR TASK_NAME LEASE_SECONDS") from None
-    supervise(run_dir, name, lease)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
