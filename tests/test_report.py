@@ -7,7 +7,8 @@ from rich.console import Console
 
 from tfcluster.cli import build_parser
 from tfcluster.inventory import Machine
-from tfcluster.live import LiveReporter, make_reporter
+from tfcluster.live import LiveReporter
+from tfcluster.report import make_reporter
 from tfcluster.report import PlainReporter, is_noise
 from tfcluster.spec import Task
 

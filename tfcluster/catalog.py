@@ -1,10 +1,10 @@
 """The examples catalog (trainers/catalog.yml) and per-task command rendering."""
+import functools
 import json
 import os
 import shlex
 from dataclasses import dataclass
 
-import jinja2
 import yaml
 
 from tfcluster.errors import UsageError
@@ -65,12 +65,18 @@ def custom_example(command, success):
                    success=success)
 
 
-_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
+@functools.lru_cache(maxsize=None)
+def _jinja():
+    import jinja2
+    return jinja2, jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
 
 
 def render(template, variables, what):
+    if "{" not in template:  # no template syntax: nothing to render, no jinja2 to import
+        return template.strip()
+    jinja2, environment = _jinja()
     try:
-        return _ENV.from_string(template).render(**variables).strip()
+        return environment.from_string(template).render(**variables).strip()
     except jinja2.TemplateError as err:
         reason = (str(err) or type(err).__name__).splitlines()[0]
         raise UsageError("cannot render %s: %s (check the {{ variables }} it uses)"

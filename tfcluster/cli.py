@@ -213,7 +213,7 @@ def cmd_launch(args):
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline)
-    from tfcluster.live import make_reporter
+    from tfcluster.report import make_reporter
     # --logs shows the raw streams: every line, as the tasks wrote them.
     reporter = make_reporter(args.plain, args.verbose or args.logs, args.logs, sys.stdout)
     try:

@@ -180,14 +180,3 @@ class LiveReporter(Reporter):
         if self._live is not None:
             self._live.stop()
             self._live = None
-
-
-def make_reporter(plain=False, verbose=False, logs=False, stream=None):
-    """The live view on a terminal; prefixed lines for pipes, CI, --plain and --logs."""
-    stream = stream or sys.stdout
-    if plain or logs or not (hasattr(stream, "isatty") and stream.isatty()):
-        return PlainReporter(stream, verbose=verbose)
-    console = Console(file=stream)
-    if console.is_dumb_terminal:
-        return PlainReporter(stream, verbose=verbose)
-    return LiveReporter(verbose=verbose, console=console)
