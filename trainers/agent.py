@@ -56,7 +56,11 @@ class Agent:
         self.lease = 0.0
         self.tasks = {}
         self.send_lock = threading.Lock()
-        self.stopping = None  # (thread, names, ports, result, deadline)
+        self.stopping = None  # (done event, names, ports, result, deadline)
+        # A stop thread that is done writes here, so the loop answers at once, not a tick later.
+        self.wake_read, self.wake_write = os.pipe()
+        os.set_blocking(self.wake_read, False)
+        os.set_blocking(self.wake_write, False)
 
     # ------------------------------------------------------------ talking
     def send(self, msg):
@@ -161,10 +165,15 @@ class Agent:
                 thread.start()
             for thread in threads:
                 thread.join()
+            done.set()
+            try:
+                os.write(self.wake_write, b"!")
+            except BlockingIOError:
+                pass  # the loop has wake-ups pending already
 
-        thread = threading.Thread(target=stop_all, daemon=True)
-        thread.start()
-        self.stopping = (thread, names, [int(p) for p in msg.ports], result,
+        done = threading.Event()
+        threading.Thread(target=stop_all, daemon=True).start()
+        self.stopping = (done, names, [int(p) for p in msg.ports], result,
                          time.monotonic() + msg.grace + 15)
 
     def on_collect(self, msg):
@@ -246,8 +255,8 @@ class Agent:
         return pending
 
     def _finish_stop(self):
-        thread, names, ports, result, deadline = self.stopping
-        if thread.is_alive():
+        done, names, ports, result, deadline = self.stopping
+        if not done.is_set():
             return
         ours = [self.tasks[n] for n in names if n in self.tasks]
         if any(not t.exit_sent for t in ours) and time.monotonic() < deadline:
@@ -269,10 +278,14 @@ class Agent:
             if stdin_open:
                 fds.append(stdin_fd)
             busy = self.watch() or self.stopping is not None
+            if self.stopping is not None:
+                fds.append(self.wake_read)
             if not stdin_open and not fds and self.stopping is None:
                 return
             timeout = TICK if busy else max(0.0, last_beat + HEARTBEAT_SECONDS - time.monotonic())
             readable, _, _ = select.select(fds, [], [], timeout)
+            if self.wake_read in readable:
+                os.read(self.wake_read, 64)
             if stdin_fd in readable:
                 data = os.read(stdin_fd, CHUNK)
                 if not data:
