@@ -108,10 +108,10 @@ def test_a_forked_supervisor_keeps_nothing_of_the_agent_and_outlives_it(agent, t
     sup = record["supervisor"]
     assert sup != agent.proc.pid and os.getsid(sup) == sup  # a session of its own
 
-    def pipes(pid):
+    def open_files(pid):
         return {os.readlink("/proc/%d/fd/%s" % (pid, fd)) for fd in os.listdir("/proc/%d/fd" % pid)}
     agent_channel = {os.readlink("/proc/%d/fd/%d" % (agent.proc.pid, fd)) for fd in (0, 1)}
-    assert not pipes(sup) & agent_channel  # neither the controller's pipes nor the agent's
+    assert not open_files(sup) & agent_channel  # the controller's channel stays the agent's
     # The agent dies: the supervisor records the task's end all the same, then is gone.
     agent.proc.kill()
     agent.proc.wait()

@@ -8,8 +8,7 @@ from rich.console import Console
 from tfcluster.cli import build_parser
 from tfcluster.inventory import Machine
 from tfcluster.live import LiveReporter
-from tfcluster.report import make_reporter
-from tfcluster.report import PlainReporter, is_noise
+from tfcluster.report import PlainReporter, is_noise, make_reporter
 from tfcluster.spec import Task
 
 NOISE = [

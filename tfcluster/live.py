@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfcluster.metrics import MetricsStore
-from tfcluster.report import PlainReporter, Reporter, is_metric, is_noise
+from tfcluster.report import Reporter, is_metric, is_noise
 from trainers.protocol import RESULT_PREFIX
 
 TAIL_LINES = 6
