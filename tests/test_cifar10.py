@@ -115,7 +115,10 @@ def test_hogwild_updates_overlap(local_env):
 
 def test_multi_ps_updates_both_ps(local_env):
     """Every parameter is split across ps:0 and ps:1, and a traced step ran ops on both."""
-    chief, other = launch(local_env, "cifar10_multi_ps", "multi_ps", ASYNC_RATE, num_ps=2)
+    # After 120 steps it is still on the steep part of its curve: accuracy 0.55 to 0.94 in 7
+    # runs beside a busy core (0.496 once in make test); after 240, 1.000 in all 7.
+    chief, other = launch(local_env, "cifar10_multi_ps", "multi_ps", ASYNC_RATE,
+                          "--train_steps=240", num_ps=2)
     for result in (chief, other):
         assert result["ps_tasks_used"] == ["/job:ps/task:0", "/job:ps/task:1"], result
         assert len(result["ps_tasks_per_variable"]) == 10
