@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO, pid_alive, port_free, wait_for
+from conftest import REPO, free_port_block, pid_alive, port_free, wait_for
 from trainers import protocol as P
 from trainers import supervisor
 
@@ -191,6 +191,46 @@ def test_stop_spares_a_process_whose_pid_was_reused(agent, tmp_path):
         foreign.wait()
 
 
+def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_path):
+    """Two launches that pick the same port: the second is refused, naming the first, before
+    anything of it is made, even though nothing listens on the port yet."""
+    port = free_port_block(1)
+    task = {"name": "ps-0", "command": "exec sleep 300", "port": port}
+
+    def preflight(link):
+        link.send(P.Preflight(python="/nonexistent/python", ports=[port], code_dir="/none"))
+        return link.next(P.Report).report
+
+    def refused(link, run_dir):
+        link.send(P.Start(run_dir=str(run_dir), tasks=[task], lease=0.0))
+        reply = link.next((P.Accepted, P.Error))
+        assert isinstance(reply, P.Error), reply
+        assert not run_dir.exists()
+        return reply.message
+
+    first = AgentProcess()  # a launch in its preflight holds the port until its agent ends
+    try:
+        report = preflight(first)
+        assert report["ports"] == {str(port): True} and report["port_holders"] == {}
+        assert "port(s) %d claimed by a launch in its preflight (agent pid %d): nothing " \
+            "started" % (port, first.proc.pid) in refused(agent, tmp_path / "run")
+    finally:
+        first.close()
+    start(agent, tmp_path / "run", [task])
+    assert agent.next(P.Started).name == "ps-0"
+    second = AgentProcess()  # the task's supervisor holds it while the task runs
+    try:
+        report = preflight(second)
+        assert report["ports"] == {str(port): False}
+        assert report["port_holders"] == {str(port): "run run"}
+        assert "claimed by run run" in refused(second, tmp_path / "second")
+        agent.send(P.Stop(names=["ps-0"], ports=[], grace=1))
+        assert agent.next(P.Stopped).tasks == {"ps-0": "stopped"}
+        assert preflight(second)["port_holders"] == {}
+    finally:
+        second.close()
+
+
 @pytest.mark.slow  # a real TensorFlow import
 def test_listening_event_and_preflight(agent, tmp_path):
     server = socket.socket()
@@ -209,6 +249,8 @@ def test_listening_event_and_preflight(agent, tmp_path):
     finally:
         server.close()
     assert port_free(port)
+    agent.send(P.Stop(names=["ps-0"], ports=[], grace=1))  # its claim ends with it
+    assert agent.next(P.Stopped).tasks == {"ps-0": "stopped"}
     agent.send(P.Preflight(python="/nonexistent/python", ports=[port], code_dir="/nonexistent"))
     report = agent.next(P.Report).report
     assert report["ports"] == {str(port): True} and report["code_hash"] is None

@@ -44,7 +44,7 @@ class FakeLink:
                 name = spec["name"]
                 count = self.starts[name] = self.starts.get(name, 0) + 1
                 self.emit(P.Started(name=name, pid=1000 + len(self.specs), time=time.time()))
-                if spec.get("port"):
+                if spec.get("port") and spec["await_listening"]:
                     self.emit(P.Listening(name=name, port=spec["port"]))
                 self.emit(P.Output(name=name, text="hello from %s\n" % name))
                 codes = self.exits.get(name) or [None]
@@ -193,6 +193,16 @@ def test_preflight_problems_start_nothing(tmp_path):
     assert isinstance(outcome, PreflightError) and outcome.exit_code == 3
     assert record is None and not (tmp_path / "runs" / "r").exists()
     assert all(not link.specs for link in hosts.links.values())
+
+
+def test_a_port_another_launch_claimed_fails_preflight_naming_it(tmp_path):
+    report = {"python_ok": True, "tf_version": "2.21.0", "cpus": 2, "gpus": [], "code_hash": None,
+              "port_holders": {"2224": "run 20261122-other"}}
+    outcome, record, _, hosts = run(tmp_path, cluster_of(), {}, report=report)
+    assert isinstance(outcome, PreflightError) and outcome.exit_code == 3
+    assert "port(s) 2224 claimed by run 20261122-other" in str(outcome)
+    assert "tfcluster stop" in str(outcome)
+    assert record is None and all(not link.specs for link in hosts.links.values())
 
 
 def test_gpus_are_split_and_secrets_kept_out_of_records(tmp_path):

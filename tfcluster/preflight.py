@@ -55,10 +55,16 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
         reports[machine.key] = report
         if not report.get("python_ok"):
             problems.append("%s: %s" % (machine.label, report.get("error")))
-        busy = [p for p, free in report.get("ports", {}).items() if not free]
+        holders = report.get("port_holders", {})
+        busy = [p for p, free in report.get("ports", {}).items() if not free and p not in holders]
         if busy:
             problems.append("%s: port(s) %s already in use: stop what uses them (`tfcluster stop`) "
                             "or set tfcluster_port_base" % (machine.label, ", ".join(busy)))
+        if holders:
+            problems.append("%s: port(s) %s claimed by %s: wait for it, stop it (`tfcluster "
+                            "stop`) or set tfcluster_port_base" % (
+                                machine.label, ", ".join(holders),
+                                "; ".join(sorted(set(holders.values())))))
         for name, folder in data_needs.get(machine.key, []):
             absent = report.get("missing_data", {}).get(folder)
             if absent:

@@ -62,9 +62,10 @@ def task_specs(cluster, options, run_id, threads):
         specs[task.label] = {
             "name": task.name, "command": command, "env": env, "cwd": cwd,
             "env_prepend": {"PATH": os.path.dirname(machine.python), "PYTHONPATH": machine.root},
-            # The agent reports when a ps listens: the workers may start at once, TensorFlow
-            # clients wait for their servers, but a ps that never listens fails the run.
-            "port": task.port if task.job == "ps" else None,
+            # The agent claims the port for the task's life. It reports when a ps listens: the
+            # workers may start at once, TensorFlow clients wait for their servers, but a ps
+            # that never listens fails the run.
+            "port": task.port, "await_listening": task.job == "ps",
         }
     return specs
 

@@ -27,7 +27,8 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainers import protocol as P  # noqa: E402
 from trainers import supervisor as S  # noqa: E402
-from trainers.hostinfo import port_is_free, port_is_listening, preflight_report  # noqa: E402
+from trainers.hostinfo import (claim_port, label_claim, port_is_free, port_is_listening,  # noqa: E402
+                               preflight_report)
 
 TASK_NAME = re.compile(r"^[a-z][a-z0-9]*-[0-9]+$")
 HEARTBEAT_SECONDS = 1.0
@@ -55,6 +56,7 @@ class Agent:
         self.run_dir = None
         self.lease = 0.0
         self.tasks = {}
+        self.claims = {}  # port: the descriptor holding its claim, until a supervisor takes it
         self.send_lock = threading.Lock()
         self.stopping = None  # (done event, names, ports, result, deadline)
         # A stop thread that is done writes here, so the loop answers at once, not a tick later.
@@ -85,8 +87,26 @@ class Agent:
         pass
 
     def on_preflight(self, msg):
-        self.send(P.Report(report=preflight_report(msg.python, msg.ports, msg.code_dir,
-                                                   msg.cache_dir or None, msg.datasets)))
+        report = preflight_report(msg.python, msg.ports, msg.code_dir, msg.cache_dir or None,
+                                  msg.datasets)
+        report["port_holders"] = self._claim(
+            [int(p) for p in msg.ports], "a launch in its preflight (agent pid %d)" % os.getpid())
+        for port in report["port_holders"]:
+            report["ports"][port] = False
+        self.send(P.Report(report=report))
+
+    def _claim(self, ports, holder):
+        """Claim PORTS, labelled HOLDER; {port: its holder} for those another process holds."""
+        taken = {}
+        for port in ports:
+            if port not in self.claims:
+                fd, other = claim_port(port)
+                if fd is None:
+                    taken[str(port)] = other or "another tfcluster launch"
+                    continue
+                self.claims[port] = fd
+            label_claim(self.claims[port], holder)
+        return taken
 
     def on_start(self, msg):
         for spec in msg.tasks:
@@ -95,9 +115,20 @@ class Agent:
         if msg.restart:
             if msg.run_dir != self.run_dir:
                 raise ValueError("restart in a run this agent did not start")
-        else:
-            if self.run_dir:
-                raise ValueError("this agent already runs %s" % self.run_dir)
+            for spec in msg.tasks:
+                old = self.tasks.get(spec["name"])
+                if old is None or not old.exit_sent:
+                    raise ValueError("task %s is not ended, it cannot restart" % spec["name"])
+        elif self.run_dir:
+            raise ValueError("this agent already runs %s" % self.run_dir)
+        # Every port is claimed before anything is made or started; then a task's supervisor
+        # holds its claim.
+        taken = self._claim([int(s["port"]) for s in msg.tasks if s.get("port")],
+                            "run " + os.path.basename(msg.run_dir.rstrip("/")))
+        if taken:
+            raise ValueError("port(s) %s claimed by %s: nothing started" % (
+                ", ".join(taken), "; ".join(sorted(set(taken.values())))))
+        if not msg.restart:
             os.makedirs(os.path.dirname(msg.run_dir.rstrip("/")) or "/", exist_ok=True)
             # Created here or refused: a run never adopts a folder another run made.
             try:
@@ -112,13 +143,16 @@ class Agent:
         for spec in msg.tasks:
             name = spec["name"]
             if msg.restart:
-                old = self.tasks.get(name)
-                if old is None or not old.exit_sent:
-                    raise ValueError("task %s is not ended, it cannot restart" % name)
                 os.unlink(os.path.join(self.run_dir, name + ".status"))
                 os.unlink(os.path.join(self.run_dir, name + ".pid"))
-            proc = S.fork(self.run_dir, name, self.lease, spec)
-            self.tasks[name] = Task(name, spec.get("port"), proc)
+            claim = self.claims.pop(int(spec["port"]), None) if spec.get("port") else None
+            try:
+                proc = S.fork(self.run_dir, name, self.lease, spec, keep_fd=claim)
+            finally:
+                if claim is not None:
+                    os.close(claim)
+            watched = spec.get("port") if spec.get("await_listening", True) else None
+            self.tasks[name] = Task(name, watched, proc)
         self.send(P.Accepted())
 
     def on_attach(self, msg):

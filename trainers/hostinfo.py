@@ -2,6 +2,7 @@
 
 Standard library only; used by the agent's preflight.
 """
+import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +24,39 @@ def port_is_free(port):
         except OSError:
             return False
     return True
+
+
+# Where a run's ports are claimed, per user. The claim is a lock on a file: its holder is the
+# agent from preflight to start, then the task's supervisor until the task has exited, so a
+# claim never outlives its holder and two launches cannot both find a port free before either
+# task binds it.
+CLAIMS_DIR = "~/.cache/tfcluster/ports"
+
+
+def claim_port(port, claims_dir=CLAIMS_DIR):
+    """(descriptor holding PORT's claim, None), or (None, what the holder wrote) when another
+    process holds it. Ports are per network namespace, so claims are too."""
+    folder = os.path.expanduser(claims_dir)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    try:
+        namespace = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        namespace = "host"
+    fd = os.open(os.path.join(folder, "%s-%d" % (namespace, port)), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
+        os.close(fd)
+        return None, holder
+    os.ftruncate(fd, 0)
+    return fd, None
+
+
+def label_claim(fd, holder):
+    """Write who holds the claim of FD, for a launch that finds the port claimed."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, holder.encode(), 0)
 
 
 def port_is_listening(port, host="127.0.0.1"):

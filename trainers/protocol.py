@@ -149,7 +149,9 @@ class Preflight:
 
 @message
 class Start:
-    """Start TASKS (dicts: name, command, env, env_prepend, cwd, port) in a new run folder."""
+    """Start TASKS (dicts: name, command, env, env_prepend, cwd, port, await_listening) in a
+    new run folder. The agent claims each port for its task's life, and reports when the task
+    listens on it unless await_listening is false."""
     kind = "start"
     run_dir: str
     tasks: list

@@ -182,12 +182,12 @@ class Forked:
         return self._reap(0)
 
 
-def fork(run_dir, name, lease, spec):
+def fork(run_dir, name, lease, spec, keep_fd=None):
     """Start SPEC's task under a supervisor forked from this process; a Forked.
 
     The child keeps nothing of the agent's: a session of its own, /dev/null for stdin and
-    stderr, its stdout the pipe to the agent, every other descriptor closed, default signals.
-    It never returns into the agent's code."""
+    stderr, its stdout the pipe to the agent, KEEP_FD (the port's claim) as descriptor 3 and
+    every other descriptor closed, default signals. It never returns into the agent's code."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -198,7 +198,9 @@ def fork(run_dir, name, lease, spec):
             os.dup2(null, 0)
             os.dup2(write_end, 1)
             os.dup2(null, 2)
-            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            if keep_fd is not None:
+                os.dup2(keep_fd, 3)
+            os.closerange(3 if keep_fd is None else 4, os.sysconf("SC_OPEN_MAX"))
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             supervise(run_dir, name, lease, spec, out_fd=1)
