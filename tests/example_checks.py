@@ -73,24 +73,36 @@ def metric_points(run_dir, label):
     return points
 
 
+def points_expected(result, tasks):
+    """MIN_POINTS, or 2 (the first and the last) for a task that did less than half of its
+    share of the run's steps. On a loaded machine an asynchronous run can starve one worker
+    (11 of 152 steps for 1 of 3 mnist_async workers beside a busy core): it still logs a point
+    every --log_every local steps, but does few of them."""
+    if "local_steps" not in result:
+        return MIN_POINTS
+    share = (result["global_step"] - result["start_step"]) / tasks
+    return MIN_POINTS if result["local_steps"] >= share / 2 else 2
+
+
 def check_metrics(run_dir, record, labels):
     """At least MIN_POINTS points per task, global steps never going back, the first at the
     initial loss and the last at the result's loss and step; the same points in the run's
     metrics.jsonl, and its metrics.png drawn."""
-    check_metrics_file_and_png(run_dir, labels)
+    check_metrics_file_and_png(run_dir, record, labels)
     for label in labels:
         result = record["results"][label]
+        wanted = points_expected(result, len(labels))
         points = metric_points(run_dir, label)
-        assert len(points) >= MIN_POINTS, (label, points)
+        assert len(points) >= wanted, (label, points)
         steps = [p["step"] for p in points]
         assert steps == sorted(steps), (label, steps)
         assert points[0]["loss"] == result["initial_loss"], (label, points[0])
         assert points[-1]["loss"] == result["loss"], (label, points[-1])
         assert points[-1]["step"] == result["global_step"], (label, points[-1])
-        assert sum(1 for p in points if p.get("examples_per_s")) >= MIN_POINTS - 1, points
+        assert sum(1 for p in points if p.get("examples_per_s")) >= wanted - 1, points
 
 
-def check_metrics_file_and_png(run_dir, labels):
+def check_metrics_file_and_png(run_dir, record, labels):
     """metrics.jsonl holds each task's logged points (step and loss, in order); metrics.png is a
     whole PNG image (drawn in the background after the run: waited for)."""
     from tfcluster import metrics
@@ -98,7 +110,8 @@ def check_metrics_file_and_png(run_dir, labels):
     for label in labels:
         logged = [(p["step"], p.get("loss")) for p in metric_points(run_dir, label)]
         kept = [(r["step"], r.get("loss")) for r in stored if r["task"] == label]
-        assert len(kept) >= MIN_POINTS and kept == logged, (label, kept, logged)
+        wanted = points_expected(record["results"][label], len(labels))
+        assert len(kept) >= wanted and kept == logged, (label, kept, logged)
     path = os.path.join(run_dir, "metrics.png")
     wait_for(lambda: os.path.exists(path), 60, "metrics.png in " + run_dir)
     with open(path, "rb") as handle:
@@ -128,8 +141,9 @@ def check_tensorboard(run_dir, record, labels, chief):
     for label in labels:
         scalars = tensorboard_scalars(run_dir, label)
         assert {"loss", "accuracy", "examples_per_s"} <= set(scalars), (label, sorted(scalars))
-        assert len(scalars["loss"]) >= MIN_POINTS, (label, scalars["loss"])
         result = record["results"][label]
+        assert len(scalars["loss"]) >= points_expected(result, len(labels)), \
+            (label, scalars["loss"])
         assert scalars["loss"][-1] == (result["global_step"], pytest_approx(result["loss"]))
         assert ("global_steps_per_s" in scalars) == (label == chief), (label, sorted(scalars))
 
