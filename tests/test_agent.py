@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import REPO, free_port_block, pid_alive, port_free, wait_for
+from trainers import hostinfo
 from trainers import protocol as P
 from trainers import supervisor
 
@@ -191,15 +192,17 @@ def test_stop_spares_a_process_whose_pid_was_reused(agent, tmp_path):
         foreign.wait()
 
 
+def preflight_ports(link, port):
+    """A preflight of PORT that imports nothing (no interpreter there): its report."""
+    link.send(P.Preflight(python="/nonexistent/python", ports=[port], code_dir="/none"))
+    return link.next(P.Report).report
+
+
 def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_path):
     """Two launches that pick the same port: the second is refused, naming the first, before
     anything of it is made, even though nothing listens on the port yet."""
     port = free_port_block(1)
     task = {"name": "ps-0", "command": "exec sleep 300", "port": port}
-
-    def preflight(link):
-        link.send(P.Preflight(python="/nonexistent/python", ports=[port], code_dir="/none"))
-        return link.next(P.Report).report
 
     def refused(link, run_dir):
         link.send(P.Start(run_dir=str(run_dir), tasks=[task], lease=0.0))
@@ -210,7 +213,7 @@ def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_p
 
     first = AgentProcess()  # a launch in its preflight holds the port until its agent ends
     try:
-        report = preflight(first)
+        report = preflight_ports(first, port)
         assert report["ports"] == {str(port): True} and report["port_holders"] == {}
         assert "port(s) %d claimed by a launch in its preflight (agent pid %d): nothing " \
             "started" % (port, first.proc.pid) in refused(agent, tmp_path / "run")
@@ -220,15 +223,32 @@ def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_p
     assert agent.next(P.Started).name == "ps-0"
     second = AgentProcess()  # the task's supervisor holds it while the task runs
     try:
-        report = preflight(second)
+        report = preflight_ports(second, port)
         assert report["ports"] == {str(port): False}
         assert report["port_holders"] == {str(port): "run run"}
         assert "claimed by run run" in refused(second, tmp_path / "second")
         agent.send(P.Stop(names=["ps-0"], ports=[], grace=1))
         assert agent.next(P.Stopped).tasks == {"ps-0": "stopped"}
-        assert preflight(second)["port_holders"] == {}
+        assert preflight_ports(second, port)["port_holders"] == {}
     finally:
         second.close()
+
+
+def test_a_failed_start_keeps_no_claim_and_a_home_without_locks_claims_nothing(agent, tmp_path):
+    port = free_port_block(1)
+    (tmp_path / "taken").mkdir()
+    agent.send(P.Start(run_dir=str(tmp_path / "taken"), lease=0.0, tasks=[
+        {"name": "ps-0", "command": "exec sleep 300", "port": port}]))
+    reply = agent.next((P.Accepted, P.Error))
+    assert isinstance(reply, P.Error) and "exists already" in reply.message, reply
+    other = AgentProcess()
+    try:
+        report = preflight_ports(other, port)
+        assert report["ports"] == {str(port): True} and report["port_holders"] == {}
+    finally:
+        other.close()
+    (tmp_path / "file").write_text("")  # where the claims folder cannot be made
+    assert hostinfo.claim_port(port, claims_dir=str(tmp_path / "file" / "ports")) == (None, None)
 
 
 @pytest.mark.slow  # a real TensorFlow import

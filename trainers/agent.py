@@ -27,7 +27,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainers import protocol as P  # noqa: E402
 from trainers import supervisor as S  # noqa: E402
-from trainers.hostinfo import (claim_port, label_claim, port_is_free, port_is_listening,  # noqa: E402
+from trainers.hostinfo import (PortClaims, port_is_free, port_is_listening,  # noqa: E402
                                preflight_report)
 
 TASK_NAME = re.compile(r"^[a-z][a-z0-9]*-[0-9]+$")
@@ -56,7 +56,7 @@ class Agent:
         self.run_dir = None
         self.lease = 0.0
         self.tasks = {}
-        self.claims = {}  # port: the descriptor holding its claim, until a supervisor takes it
+        self.claims = PortClaims()
         self.send_lock = threading.Lock()
         self.stopping = None  # (done event, names, ports, result, deadline)
         # A stop thread that is done writes here, so the loop answers at once, not a tick later.
@@ -89,24 +89,11 @@ class Agent:
     def on_preflight(self, msg):
         report = preflight_report(msg.python, msg.ports, msg.code_dir, msg.cache_dir or None,
                                   msg.datasets)
-        report["port_holders"] = self._claim(
+        report["port_holders"] = self.claims.claim(
             [int(p) for p in msg.ports], "a launch in its preflight (agent pid %d)" % os.getpid())
         for port in report["port_holders"]:
             report["ports"][port] = False
         self.send(P.Report(report=report))
-
-    def _claim(self, ports, holder):
-        """Claim PORTS, labelled HOLDER; {port: its holder} for those another process holds."""
-        taken = {}
-        for port in ports:
-            if port not in self.claims:
-                fd, other = claim_port(port)
-                if fd is None:
-                    taken[str(port)] = other or "another tfcluster launch"
-                    continue
-                self.claims[port] = fd
-            label_claim(self.claims[port], holder)
-        return taken
 
     def on_start(self, msg):
         for spec in msg.tasks:
@@ -121,9 +108,18 @@ class Agent:
                     raise ValueError("task %s is not ended, it cannot restart" % spec["name"])
         elif self.run_dir:
             raise ValueError("this agent already runs %s" % self.run_dir)
+        before = set(self.claims.held)
+        try:
+            self._start(msg)
+        except BaseException:  # a start that failed keeps no claim it took
+            self.claims.release(keep=before)
+            raise
+        self.send(P.Accepted())
+
+    def _start(self, msg):
         # Every port is claimed before anything is made or started; then a task's supervisor
         # holds its claim.
-        taken = self._claim([int(s["port"]) for s in msg.tasks if s.get("port")],
+        taken = self.claims.claim([int(s["port"]) for s in msg.tasks if s.get("port")],
                             "run " + os.path.basename(msg.run_dir.rstrip("/")))
         if taken:
             raise ValueError("port(s) %s claimed by %s: nothing started" % (
@@ -145,7 +141,7 @@ class Agent:
             if msg.restart:
                 os.unlink(os.path.join(self.run_dir, name + ".status"))
                 os.unlink(os.path.join(self.run_dir, name + ".pid"))
-            claim = self.claims.pop(int(spec["port"]), None) if spec.get("port") else None
+            claim = self.claims.take(spec.get("port"))
             try:
                 proc = S.fork(self.run_dir, name, self.lease, spec, keep_fd=claim)
             finally:
@@ -153,7 +149,6 @@ class Agent:
                     os.close(claim)
             watched = spec.get("port") if spec.get("await_listening", True) else None
             self.tasks[name] = Task(name, watched, proc)
-        self.send(P.Accepted())
 
     def on_attach(self, msg):
         self.run_dir = msg.run_dir

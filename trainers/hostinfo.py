@@ -12,6 +12,7 @@ import sys
 
 from trainers import datafiles
 from trainers.protocol import code_hash
+from trainers.supervisor import boot_id
 
 
 def port_is_free(port):
@@ -34,29 +35,68 @@ CLAIMS_DIR = "~/.cache/tfcluster/ports"
 
 
 def claim_port(port, claims_dir=CLAIMS_DIR):
-    """(descriptor holding PORT's claim, None), or (None, what the holder wrote) when another
-    process holds it. Ports are per network namespace, so claims are too."""
-    folder = os.path.expanduser(claims_dir)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    """(descriptor holding PORT's claim, None); (None, what the holder wrote) when another
+    process holds it; (None, None) where no lock can be taken (a home without file locks):
+    the bind check is all there is then.
+
+    Ports are per machine and network namespace, so claims are too: the file's name holds the
+    boot id (homes may be shared between machines) and the namespace."""
     try:
+        folder = os.path.expanduser(claims_dir)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         namespace = os.stat("/proc/self/ns/net").st_ino
+        name = "%s-%s-%d" % (boot_id() or socket.gethostname(), namespace, port)
+        fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
-        namespace = "host"
-    fd = os.open(os.path.join(folder, "%s-%d" % (namespace, port)), os.O_RDWR | os.O_CREAT, 0o600)
+        return None, None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
         os.close(fd)
         return None, holder
-    os.ftruncate(fd, 0)
+    except OSError:
+        os.close(fd)
+        return None, None
     return fd, None
 
 
 def label_claim(fd, holder):
-    """Write who holds the claim of FD, for a launch that finds the port claimed."""
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, holder.encode(), 0)
+    """Write who holds the claim of FD, for a launch that finds the port claimed (written
+    before the old label is cut, so a reader never sees an empty one)."""
+    data = holder.encode()
+    os.pwrite(fd, data, 0)
+    os.ftruncate(fd, len(data))
+
+
+class PortClaims:
+    """The claims an agent holds, {port: descriptor}, until a task's supervisor takes one."""
+
+    def __init__(self):
+        self.held = {}
+
+    def claim(self, ports, holder):
+        """Claim PORTS, labelled HOLDER; {port: its holder} for those another process holds."""
+        taken = {}
+        for port in ports:
+            if port not in self.held:
+                fd, other = claim_port(port)
+                if other is not None:
+                    taken[str(port)] = other or "another tfcluster launch"
+                if fd is None:
+                    continue
+                self.held[port] = fd
+            label_claim(self.held[port], holder)
+        return taken
+
+    def take(self, port):
+        """PORT's claim, now the caller's descriptor to close; None when none is held."""
+        return self.held.pop(int(port), None) if port else None
+
+    def release(self, keep=()):
+        """Close every claim but those of the ports in KEEP."""
+        for port in set(self.held) - set(keep):
+            os.close(self.held.pop(port))
 
 
 def port_is_listening(port, host="127.0.0.1"):
