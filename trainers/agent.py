@@ -120,7 +120,7 @@ class Agent:
         # Every port is claimed before anything is made or started; then a task's supervisor
         # holds its claim.
         taken = self.claims.claim([int(s["port"]) for s in msg.tasks if s.get("port")],
-                            "run " + os.path.basename(msg.run_dir.rstrip("/")))
+                                  "run " + os.path.basename(msg.run_dir.rstrip("/")))
         if taken:
             raise ValueError("port(s) %s claimed by %s: nothing started" % (
                 ", ".join(taken), "; ".join(sorted(set(taken.values())))))
