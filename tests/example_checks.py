@@ -85,33 +85,33 @@ def points_expected(result, tasks):
 
 
 def check_metrics(run_dir, record, labels):
-    """At least MIN_POINTS points per task, global steps never going back, the first at the
-    initial loss and the last at the result's loss and step; the same points in the run's
-    metrics.jsonl, and its metrics.png drawn."""
-    check_metrics_file_and_png(run_dir, record, labels)
+    """At least MIN_POINTS points per task (points_expected), global steps never going back,
+    the first at the initial loss and the last at the result's loss and step; the same points
+    in the run's metrics.jsonl, and its metrics.png drawn."""
+    wanted = {label: points_expected(record["results"][label], len(labels)) for label in labels}
+    check_metrics_file_and_png(run_dir, wanted)
     for label in labels:
         result = record["results"][label]
-        wanted = points_expected(result, len(labels))
         points = metric_points(run_dir, label)
-        assert len(points) >= wanted, (label, points)
+        assert len(points) >= wanted[label], (label, points)
         steps = [p["step"] for p in points]
         assert steps == sorted(steps), (label, steps)
         assert points[0]["loss"] == result["initial_loss"], (label, points[0])
         assert points[-1]["loss"] == result["loss"], (label, points[-1])
         assert points[-1]["step"] == result["global_step"], (label, points[-1])
-        assert sum(1 for p in points if p.get("examples_per_s")) >= wanted - 1, points
+        assert sum(1 for p in points if p.get("examples_per_s")) >= wanted[label] - 1, points
 
 
-def check_metrics_file_and_png(run_dir, record, labels):
-    """metrics.jsonl holds each task's logged points (step and loss, in order); metrics.png is a
-    whole PNG image (drawn in the background after the run: waited for)."""
+def check_metrics_file_and_png(run_dir, wanted):
+    """metrics.jsonl holds each task's logged points (step and loss, in order; WANTED: {task:
+    how many at least}); metrics.png is a whole PNG image (drawn in the background after the
+    run: waited for)."""
     from tfcluster import metrics
     stored = metrics.load(run_dir).records
-    for label in labels:
+    for label, least in wanted.items():
         logged = [(p["step"], p.get("loss")) for p in metric_points(run_dir, label)]
         kept = [(r["step"], r.get("loss")) for r in stored if r["task"] == label]
-        wanted = points_expected(record["results"][label], len(labels))
-        assert len(kept) >= wanted and kept == logged, (label, kept, logged)
+        assert len(kept) >= least and kept == logged, (label, kept, logged)
     path = os.path.join(run_dir, "metrics.png")
     wait_for(lambda: os.path.exists(path), 60, "metrics.png in " + run_dir)
     with open(path, "rb") as handle:
