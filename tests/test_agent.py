@@ -140,16 +140,23 @@ def test_stop_kills_the_whole_process_group(agent, tmp_path):
 
 
 def test_a_closed_channel_ends_the_lease_and_a_detach_does_not(tmp_path):
+    """The lease is long, so neither run can lose it while the test sets up; once both
+    controllers are gone, each .lease is aged past it, as if the lease had run out."""
     leased, detached = AgentProcess(), AgentProcess()
     try:
         start(leased, tmp_path / "run", [{"name": "worker-0", "command": "exec sleep 300"}],
-              lease=1)
+              lease=60)
         start(detached, tmp_path / "other", [{"name": "worker-0", "command": "exec sleep 300"}],
-              lease=1)
+              lease=60)
         leased_pid, detached_pid = leased.next(P.Started).pid, detached.next(P.Started).pid
         leased.proc.stdin.close()          # the controller vanished without a word
         detached.send(P.Detach())
         detached.proc.stdin.close()
+        # The agent touches .lease as it reads the detach, so age it only once that is done.
+        wait_for(lambda: (tmp_path / "other" / ".detached").exists(), 20, "the detach")
+        long_ago = time.time() - 120
+        for run in ("run", "other"):
+            os.utime(tmp_path / run / ".lease", (long_ago, long_ago))
         wait_for(lambda: not pid_alive(leased_pid), 20, "the task to stop after its lease")
         assert "lease expired" in (tmp_path / "run" / "worker-0.log").read_text()
         assert pid_alive(detached_pid), "a detached run has no lease"

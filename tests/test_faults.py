@@ -169,7 +169,7 @@ def test_controller_runs_dir_full(local_env, tmp_path):
 def test_a_stale_run_record_is_closed_by_stop(local_env):
     """run.json says running, but nothing runs any more (the launcher and its tasks are gone)."""
     inventory, runs_dir = local_env
-    launcher = launch_in_background(inventory, runs_dir, "--lease", "2")
+    launcher = launch_in_background(inventory, runs_dir, "--lease", "4")
     try:
         record = running_record(runs_dir)
         launcher.kill()

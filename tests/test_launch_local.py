@@ -177,7 +177,7 @@ def test_killed_launcher_lease_and_stop(local_env):
     """A launcher killed with SIGKILL: its tasks stop by themselves once the lease runs out,
     and `tfcluster stop` still closes the run."""
     inventory, runs_dir = local_env
-    launcher = launcher_process(inventory, runs_dir, "--lease", "3")
+    launcher = launcher_process(inventory, runs_dir, "--lease", "4")
     try:
         record = wait_running(runs_dir)
         launcher.kill()
