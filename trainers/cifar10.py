@@ -90,6 +90,7 @@ def train_distributed(info, server, dataset, args):
     v1 = tf.compat.v1
     rate = learning_rate(args, info)
     m = modes.build(dataset, args, info, rate)
+    bootstrap.start_barrier_ops(info)
     saver = v1.train.Saver(var_list=v1.global_variables(), max_to_keep=2)
     manager = bootstrap.session_manager(
         local_init_op=m["local_init"],
@@ -98,6 +99,7 @@ def train_distributed(info, server, dataset, args):
     sess = bootstrap.prepare_session(info, server, manager, v1.global_variables_initializer(),
                                      saver, args.checkpoint_dir, bootstrap.session_config(info),
                                      max_wait_secs=args.op_timeout_s)
+    bootstrap.start_barrier(sess, info)
     options = v1.RunOptions(timeout_in_ms=int(args.op_timeout_s * 1000))
     start = read_counters(sess, m)
     if args.mode == "async" and info.is_chief and sess.run(m["lock_size"]) == 0:
