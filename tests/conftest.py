@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -146,6 +145,19 @@ def wait_for(condition, timeout, what, interval=0.1):
             return value
         time.sleep(interval)
     raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+
+
+def stopped_by_lease(record):
+    """True once every task of RECORD (a local run whose controller is gone) has stopped, its
+    .lease aged an hour at each look: the lease runs out at once, whatever the lease length,
+    and a ping the agent reads late cannot renew it for long."""
+    long_ago = time.time() - 3600
+    for folder in {task["host_run_dir"] for task in record["tasks"].values()}:
+        try:
+            os.utime(os.path.join(folder, ".lease"), (long_ago, long_ago))
+        except FileNotFoundError:
+            pass  # its agent never started a task there
+    return not any(pid_alive(task["pid"]) for task in record["tasks"].values() if task["pid"])
 
 
 def assert_run_clean(record):

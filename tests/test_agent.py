@@ -103,7 +103,9 @@ def test_tasks_stream_output_and_exit_status_and_keep_secrets(agent, tmp_path):
 
 def test_a_forked_supervisor_keeps_nothing_of_the_agent_and_outlives_it(agent, tmp_path):
     run_dir = tmp_path / "run"
-    start(agent, run_dir, [{"name": "worker-0", "command": "sleep 2; echo done"}])
+    go = tmp_path / "go"  # the task runs until the test has looked at its supervisor
+    start(agent, run_dir, [{"name": "worker-0",
+                            "command": "while [ ! -e %s ]; do sleep 0.05; done; echo done" % go}])
     agent.next(P.Started)
     record = json.loads((run_dir / "worker-0.pid").read_text())
     sup = record["supervisor"]
@@ -116,6 +118,8 @@ def test_a_forked_supervisor_keeps_nothing_of_the_agent_and_outlives_it(agent, t
     # The agent dies: the supervisor records the task's end all the same, then is gone.
     agent.proc.kill()
     agent.proc.wait()
+    assert pid_alive(sup)
+    go.touch()
     wait_for(lambda: (run_dir / "worker-0.status").exists(), 20, "the exit status")
     assert (run_dir / "worker-0.status").read_text() == "0"
     assert (run_dir / "worker-0.log").read_text() == "done\n"

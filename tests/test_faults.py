@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import (REPO, assert_run_clean, pid_alive, processes_matching, run_record,
-                      tfcluster, wait_for)
+                      stopped_by_lease, tfcluster, wait_for)
 
 pytestmark = pytest.mark.slow  # every case is a real launch of several processes
 
@@ -112,6 +112,9 @@ def test_two_runs_with_one_id_leave_each_other_alone(local_env, tmp_path):
     assert second.returncode != 0
     assert "claimed by run same" in second.stderr  # its ports, before its folder
     assert all(pid_alive(t["pid"]) for t in first["tasks"].values())
+    host_log = os.path.join(first["tasks"]["worker:0"]["host_run_dir"], "worker-0.log")
+    wait_for(lambda: os.path.exists(host_log) and os.path.getsize(host_log) > 0, 30,
+             "worker:0's first line")
     log = os.path.join(runs_dir, "same", "worker-0.log")
     tfcluster("stop", "same", runs_dir=runs_dir, check=0)
     assert os.path.getsize(log) > 0
@@ -169,13 +172,12 @@ def test_controller_runs_dir_full(local_env, tmp_path):
 def test_a_stale_run_record_is_closed_by_stop(local_env):
     """run.json says running, but nothing runs any more (the launcher and its tasks are gone)."""
     inventory, runs_dir = local_env
-    launcher = launch_in_background(inventory, runs_dir, "--lease", "4")
+    launcher = launch_in_background(inventory, runs_dir)  # the default lease, 60 s
     try:
         record = running_record(runs_dir)
         launcher.kill()
         launcher.wait(timeout=30)
-        wait_for(lambda: not any(pid_alive(t["pid"]) for t in record["tasks"].values()), 60,
-                 "the lease to stop the tasks")
+        wait_for(lambda: stopped_by_lease(record), 60, "the lease to stop the tasks")
     finally:
         launcher.kill()
     status = tfcluster("status", runs_dir=runs_dir, check=0)

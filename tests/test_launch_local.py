@@ -8,7 +8,8 @@ import time
 import pytest
 
 
-from conftest import (REPO, assert_run_clean, pid_alive, run_record, tfcluster, wait_for)
+from conftest import (REPO, assert_run_clean, pid_alive, run_record, stopped_by_lease, tfcluster,
+                      wait_for)
 
 pytestmark = pytest.mark.slow  # real launches, TensorFlow in two of them
 
@@ -177,13 +178,12 @@ def test_killed_launcher_lease_and_stop(local_env):
     """A launcher killed with SIGKILL: its tasks stop by themselves once the lease runs out,
     and `tfcluster stop` still closes the run."""
     inventory, runs_dir = local_env
-    launcher = launcher_process(inventory, runs_dir, "--lease", "4")
+    launcher = launcher_process(inventory, runs_dir)  # the default lease, 60 s
     try:
         record = wait_running(runs_dir)
         launcher.kill()
         launcher.wait(timeout=30)
-        pids = [t["pid"] for t in record["tasks"].values()]
-        wait_for(lambda: not any(pid_alive(p) for p in pids), 60, "tasks to stop after the lease")
+        wait_for(lambda: stopped_by_lease(record), 60, "tasks to stop after the lease")
     finally:
         launcher.kill()
     tfcluster("stop", record["id"], runs_dir=runs_dir, check=0)
@@ -201,6 +201,9 @@ def test_detach_status_logs_stop(local_env):
     record = run_record(runs_dir, "bg")
     assert record["state"] == "running"
     assert all(pid_alive(t["pid"]) for t in record["tasks"].values())
+    host_log = os.path.join(record["tasks"]["worker:1"]["host_run_dir"], "worker-1.log")
+    wait_for(lambda: os.path.exists(host_log) and "starting" in open(host_log).read(), 30,
+             "worker:1's first line")
     status = tfcluster("status", runs_dir=runs_dir, check=0)
     assert status.stdout.count("running") >= 3
     logs = tfcluster("logs", "bg", "--task", "worker:1", runs_dir=runs_dir, check=0)
