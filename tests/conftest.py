@@ -13,7 +13,7 @@ TESTS = os.path.join(REPO, "tests")
 sys.path.insert(0, TESTS)
 sys.path.insert(0, REPO)
 
-from trainers.hostinfo import port_is_free as port_free  # noqa: E402,F401  (tests import it from here)
+from tfcluster_agent.hostinfo import port_is_free as port_free  # noqa: E402,F401  (tests import it from here)
 
 pytest_plugins = ["fixtures_testhosts"] if os.path.exists(
     os.path.join(TESTS, "fixtures_testhosts.py")) else []

@@ -7,7 +7,7 @@ import os
 import struct
 
 from conftest import assert_run_clean, run_record, tfcluster, wait_for
-from trainers import protocol
+from tfcluster_agent import protocol
 
 LAUNCH_TIMEOUT = 300  # the launcher stops everything itself after this long
 START_TIMEOUT = 240   # a ps importing TensorFlow on a loaded 2-core machine can take minutes

@@ -13,11 +13,11 @@ import time
 import pytest
 
 from conftest import REPO, free_port_block, pid_alive, port_free, wait_for
-from trainers import hostinfo
-from trainers import protocol as P
-from trainers import supervisor
+from tfcluster_agent import hostinfo
+from tfcluster_agent import protocol as P
+from tfcluster_agent import supervisor
 
-AGENT = os.path.join(REPO, "trainers", "agent.py")
+AGENT = os.path.join(REPO, "tfcluster_agent", "agent.py")
 
 
 class AgentProcess:
@@ -289,10 +289,17 @@ def test_listening_event_and_preflight(agent, tmp_path):
 
 
 def test_code_hash_changes_with_content(tmp_path):
-    (tmp_path / "a.py").write_text("x = 1\n")
+    for package in P.HOST_PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "trainers" / "a.py").write_text("x = 1\n")
+    (tmp_path / "unrelated.py").write_text("not host code\n")
     first = P.code_hash(str(tmp_path))
-    (tmp_path / "__pycache__").mkdir()
-    (tmp_path / "__pycache__" / "a.pyc").write_text("junk")
+    (tmp_path / "trainers" / "__pycache__").mkdir()
+    (tmp_path / "trainers" / "__pycache__" / "a.pyc").write_text("junk")
+    (tmp_path / "unrelated.py").write_text("changed, still not host code\n")
     assert P.code_hash(str(tmp_path)) == first
-    (tmp_path / "a.py").write_text("x = 2\n")
-    assert P.code_hash(str(tmp_path)) != first
+    (tmp_path / "trainers" / "a.py").write_text("x = 2\n")
+    second = P.code_hash(str(tmp_path))
+    assert second != first
+    (tmp_path / "tfcluster_agent" / "agent.py").write_text("# the agent is host code too\n")
+    assert P.code_hash(str(tmp_path)) != second

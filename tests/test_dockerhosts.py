@@ -182,8 +182,10 @@ def deployed(dockerhosts, tmp_path_factory, request):
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
     hosts.timings.append(("scripts/wheelhouse", time.monotonic() - started))
     # The deployed code is a snapshot: other edits of trainers/ cannot change it mid-test.
-    trainers = os.path.join(work, "trainers")
-    shutil.copytree(os.path.join(REPO, "trainers"), trainers, symlinks=True)
+    trainers = os.path.join(work, "code")
+    for package in ("tfcluster_agent", "trainers"):
+        shutil.copytree(os.path.join(REPO, package), os.path.join(trainers, package),
+                        symlinks=True)
     # A mirror the containers download from: an HTTP server on the bridge's gateway address.
     os.makedirs(os.path.join(work, "data", "mirror"))
     mirror = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "--bind", dh.GATEWAY,
@@ -287,11 +289,13 @@ def test_check_mode_runs_the_gpu_roles_without_failing(deployed):
 def test_trainer_code_hash_matches(deployed):
     hosts, ansible, _ = deployed
     trainers = json.load(open(ansible.extra_vars_file))["trainers_src"]
-    expected = subprocess.run([sys.executable, os.path.join(trainers, "agent.py"), "hash", "--dir",
+    expected = subprocess.run([sys.executable, os.path.join(trainers, "tfcluster_agent", "agent.py"),
+                               "hash", "--dir",
                                trainers], capture_output=True, text=True, check=True).stdout.strip()
     for name in hosts.names:
-        out = hosts.ssh(name, "cat {0}/trainers.sha256; {0}/venv/bin/python {0}/trainers/agent.py "
-                              "hash --dir {0}/trainers; find {0}/trainers -name '*.pyc' | wc -l"
+        out = hosts.ssh(name, "cat {0}/trainers.sha256; {0}/venv/bin/python "
+                              "{0}/tfcluster_agent/agent.py hash --dir {0}; "
+                              "find {0}/trainers {0}/tfcluster_agent -name '*.pyc' | wc -l"
                         .format(ROOT))
         assert out.returncode == 0, out.stderr
         recorded, computed, pyc = out.stdout.split()

@@ -15,7 +15,7 @@ from tfcluster.inventory import Machine, Slot
 from tfcluster.launcher import Launch, LaunchOptions
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
-from trainers import protocol as P
+from tfcluster_agent import protocol as P
 
 
 class FakeLink:

@@ -362,7 +362,7 @@ def test_real_manifest_is_well_formed():
 # ---------------------------------------------------------------- what preflight checks
 
 def test_needed_follows_the_last_dataset_and_data_dir_options():
-    from trainers.datafiles import needed
+    from tfcluster_agent.datafiles import needed
     command = "python -m trainers.mnist_replica --data_dir=/d/mnist --train_steps=5"
     assert needed(command, "mnist") == ("mnist", "/d/mnist")
     assert needed(command + " --dataset=digits", "mnist") is None  # bundled: no files
@@ -372,7 +372,7 @@ def test_needed_follows_the_last_dataset_and_data_dir_options():
 
 
 def test_missing_files_sees_the_extracted_cifar_folder(tmp_path):
-    from trainers.datafiles import CIFAR_TEST_FILE, CIFAR_TRAIN_FILES, missing_files
+    from tfcluster_agent.datafiles import CIFAR_TEST_FILE, CIFAR_TRAIN_FILES, missing_files
     assert missing_files("cifar10", str(tmp_path)) == CIFAR_TRAIN_FILES + [CIFAR_TEST_FILE]
     inner = tmp_path / "cifar-10-batches-bin"
     inner.mkdir()

@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from trainers import bootstrap, data, loop, protocol
+from tfcluster_agent import protocol
+from trainers import bootstrap, data, loop
 
 
 def parsed_lines(text, kind):

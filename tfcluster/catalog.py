@@ -17,6 +17,12 @@ def trainers_dir():
     return os.path.dirname(os.path.abspath(trainers.__file__))
 
 
+def code_root():
+    """The folder holding the host packages (tfcluster_agent, trainers): this checkout, or
+    site-packages for an installed tfcluster."""
+    return os.path.dirname(trainers_dir())
+
+
 @dataclass(frozen=True)
 class Example:
     name: str

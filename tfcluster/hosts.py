@@ -15,7 +15,7 @@ import threading
 import time
 
 from tfcluster.errors import TfclusterError
-from trainers import protocol as P
+from tfcluster_agent import protocol as P
 
 REPLIES = (P.Report, P.Accepted, P.Attached, P.Stopped, P.Collected, P.File, P.Error)
 CLOSED = "closed"  # the event a link puts on the queue when its agent's stream ends
@@ -46,7 +46,7 @@ class AgentLink:
 
     @property
     def agent_path(self):
-        return self.machine.root.rstrip("/") + "/trainers/agent.py"
+        return self.machine.root.rstrip("/") + "/tfcluster_agent/agent.py"
 
     # ------------------------------------------------------------ opening
     def open(self, timeout=None):

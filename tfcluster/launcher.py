@@ -24,7 +24,7 @@ from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
 from tfcluster.taskenv import data_needs, host_run_dir, public_spec, task_specs, thread_plan
 from tfcluster.teardown import finish, stop_tasks, write_task_records
-from trainers import protocol as P
+from tfcluster_agent import protocol as P
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from tfcluster.metrics import MetricsStore
 from tfcluster.report import Reporter, is_metric, is_noise
-from trainers.protocol import RESULT_PREFIX
+from tfcluster_agent.protocol import RESULT_PREFIX
 
 TAIL_LINES = 6
 STATE_STYLE = {"starting": "yellow", "restarting": "yellow", "running": "cyan",

@@ -14,7 +14,7 @@ from tfcluster.report import PlainReporter
 from tfcluster.spec import Cluster, Task
 from tfcluster.taskenv import host_run_dir
 from tfcluster.teardown import finish, stop_tasks
-from trainers import protocol as P
+from tfcluster_agent import protocol as P
 
 WAKE_SECONDS = 0.25
 

@@ -8,7 +8,7 @@ import os
 import threading
 import time
 
-from trainers.protocol import parse_line
+from tfcluster_agent.protocol import parse_line
 
 FILE = "metrics.jsonl"
 # The cluster's step rate is measured over this many seconds of recent points.

@@ -7,7 +7,7 @@ import signal
 import time
 
 from tfcluster.hosts import CLOSED
-from trainers import protocol as P
+from tfcluster_agent import protocol as P
 
 TRACKED_JOBS = ("chief", "worker")
 TAIL_LINES = 20

@@ -1,24 +1,23 @@
 """Preflight: every machine checked in parallel, through its agent, before anything starts."""
 import os
 
-from tfcluster.catalog import trainers_dir
+from tfcluster.catalog import code_root
 from tfcluster.errors import PreflightError
 from tfcluster.hosts import HostError, Hosts
-from trainers import datafiles
-from trainers import protocol as P
+from tfcluster_agent import datafiles
+from tfcluster_agent import protocol as P
 
 # The agent imports TensorFlow once per interpreter and install; later preflights use the cache.
 IMPORT_SECONDS = 150
 
 
 def controller_code_hash():
-    return P.code_hash(trainers_dir())
+    return P.code_hash(code_root())
 
 
 def runs_this_checkout(machine):
     """A local slot whose code is this very checkout cannot be stale."""
-    return machine.is_local and os.path.realpath(os.path.join(machine.root, "trainers")) == \
-        os.path.realpath(trainers_dir())
+    return machine.is_local and os.path.realpath(machine.root) == os.path.realpath(code_root())
 
 
 def preflight(hosts, cluster, expect_code=True, data_needs=None):
@@ -36,7 +35,7 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
         # every launch (16 test hosts on one machine would import it 16 times a launch).
         cache = "~/.cache/tfcluster"
         return link.request(P.Preflight(python=machine.python, ports=ports,
-                                        code_dir=machine.root.rstrip("/") + "/trainers",
+                                        code_dir=machine.root,
                                         cache_dir=cache,
                                         datasets=data_needs.get(machine.key, [])),
                             timeout=IMPORT_SECONDS, what="to the preflight").report

@@ -13,7 +13,7 @@ import re
 import sys
 import threading
 
-from trainers.protocol import parse_line
+from tfcluster_agent.protocol import parse_line
 
 # Each is harmless and says nothing about the run; matched anywhere in the line.
 NOISE = [re.compile(pattern) for pattern in (

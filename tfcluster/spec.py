@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from tfcluster.errors import UsageError
 from tfcluster.inventory import JOBS, Machine, check_host
-from trainers import protocol
+from tfcluster_agent import protocol
 
 # Jobs that run a gRPC server and so appear in the cluster; an evaluator only reads checkpoints.
 SERVER_JOBS = ("chief", "worker", "ps")

@@ -1,5 +1,5 @@
 """The end of a run on the console: one row per task with the results its trainer reported."""
-from trainers.protocol import RESULT_KEYS
+from tfcluster_agent.protocol import RESULT_KEYS
 
 SUMMARY_KEYS = tuple(k for k in RESULT_KEYS if k != "initial_loss")
 TRAINING_JOBS = ("chief", "worker")

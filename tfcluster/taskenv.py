@@ -4,7 +4,7 @@ import os
 
 from tfcluster import gpus
 from tfcluster.catalog import task_command
-from trainers import datafiles
+from tfcluster_agent import datafiles
 
 
 def host_run_dir(machine, run_id):

@@ -11,7 +11,7 @@ from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.hosts import HostError
 from tfcluster.monitor import TAIL_LINES, policy_met, task_state
 from tfcluster.summary import print_summary
-from trainers import protocol as P
+from tfcluster_agent import protocol as P
 
 COLLECTED_FOLDERS = ("tensorboard",)
 

@@ -10,7 +10,7 @@ import random
 import sys
 import time
 
-from trainers import protocol
+from tfcluster_agent import protocol
 
 RESULT_PREFIX = protocol.RESULT_PREFIX
 DEFAULT_SEED = 0

@@ -6,7 +6,8 @@ the gradients of its slice of the batch on its device, the CPU averages and appl
 """
 import os
 
-from trainers import bootstrap, cifar10_model as model, loop, mnist_towers, models, protocol
+from tfcluster_agent import protocol
+from trainers import bootstrap, cifar10_model as model, loop, mnist_towers, models
 
 
 def build_local(dataset, args, devices):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainers.datafiles import (CENSUS_FILES, CIFAR_TEST_FILE, CIFAR_TRAIN_FILES,  # noqa: F401
+from tfcluster_agent.datafiles import (CENSUS_FILES, CIFAR_TEST_FILE, CIFAR_TRAIN_FILES,  # noqa: F401
                                 MNIST_FILES, cifar10_dir, missing_files)
 
 

@@ -10,7 +10,8 @@ import os
 import socket
 import time
 
-from trainers import bootstrap, data, models, protocol
+from tfcluster_agent import protocol
+from trainers import bootstrap, data, models
 
 POINTS_PER_TASK = 10  # metrics points a task reports when --log_every is left at 0
 

@@ -8,7 +8,7 @@ import time
 
 import tensorflow as tf
 
-from trainers import protocol
+from tfcluster_agent import protocol
 from trainers.loop import Scalars
 
 task = os.environ["TFCLUSTER_TASK"]  # e.g. worker:1

@@ -10,9 +10,9 @@ import socket
 import subprocess
 import sys
 
-from trainers import datafiles
-from trainers.protocol import code_hash
-from trainers.supervisor import boot_id
+from tfcluster_agent import datafiles
+from tfcluster_agent.protocol import code_hash
+from tfcluster_agent.supervisor import boot_id
 
 
 def port_is_free(port):

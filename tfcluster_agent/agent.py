@@ -2,7 +2,7 @@
 """tfcluster agent: one per machine per run, alive for the whole run, standard library only.
 
 `agent.py serve` talks to the controller over its stdin/stdout (a local pipe or one SSH channel),
-one JSON message per line (trainers/protocol.py): it answers the preflight, starts the machine's
+one JSON message per line (tfcluster_agent/protocol.py): it answers the preflight, starts the machine's
 tasks (each under a supervisor, see supervisor.py), and pushes events as they happen: started,
 listening, output lines, exited. The controller sends start / stop / collect / detach and a ping
 every second, which keeps the run's lease; a controller that vanishes without a detach lets the
@@ -25,9 +25,9 @@ import time
 # The deployed code stays as deploy left it (its hash is checked): no __pycache__ next to it.
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainers import protocol as P  # noqa: E402
-from trainers import supervisor as S  # noqa: E402
-from trainers.hostinfo import (PortClaims, port_is_free, port_is_listening,  # noqa: E402
+from tfcluster_agent import protocol as P  # noqa: E402
+from tfcluster_agent import supervisor as S  # noqa: E402
+from tfcluster_agent.hostinfo import (PortClaims, port_is_free, port_is_listening,  # noqa: E402
                                preflight_report)
 
 TASK_NAME = re.compile(r"^[a-z][a-z0-9]*-[0-9]+$")
@@ -357,31 +357,19 @@ def cmd_hash(args):
     print(P.code_hash(args.dir))
 
 
-def cmd_preflight(args):
-    print(json.dumps(preflight_report(args.python, [p for p in args.ports.split(",") if p],
-                                      args.code_dir, args.cache_dir)))
-
-
 def build_parser():
     parser = argparse.ArgumentParser(prog="agent.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    here = os.path.dirname(os.path.abspath(__file__))
+    code_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sub.add_parser("serve", help="talk to the controller on stdin/stdout").set_defaults(
         func=cmd_serve)
     p = sub.add_parser("stop", help="stop every task of a run folder (TERM, then KILL)")
     p.add_argument("--dir", required=True)
     p.add_argument("--grace", type=float, default=10)
     p.set_defaults(func=cmd_stop)
-    p = sub.add_parser("hash", help="print the trainer code's content hash")
-    p.add_argument("--dir", default=here)
+    p = sub.add_parser("hash", help="print the host code's content hash (agent and trainers)")
+    p.add_argument("--dir", default=code_root, help="the code root holding both packages")
     p.set_defaults(func=cmd_hash)
-    p = sub.add_parser("preflight", help="report interpreter, TensorFlow, ports, code hash, GPUs")
-    p.add_argument("--python", default=sys.executable)
-    p.add_argument("--ports", default="")
-    p.add_argument("--code-dir", default=here)
-    p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache",
-                                                       "tfcluster"))
-    p.set_defaults(func=cmd_preflight)
     return parser
 
 

@@ -84,22 +84,28 @@ def task_file_name(job, index):
 
 
 HASHED_SUFFIXES = (".py", ".yml", ".yaml", ".json", ".txt")
+# The packages every host gets, side by side in one code root (tfcluster_root on a host, the
+# checkout or site-packages on the controller).
+HOST_PACKAGES = ("tfcluster_agent", "trainers")
 
 
-def code_hash(directory):
-    """Content hash of the trainer code: relative paths and bytes of every source file."""
+def code_hash(code_root):
+    """Content hash of the host code: relative paths and bytes of every source file of
+    HOST_PACKAGES below CODE_ROOT."""
     import hashlib
     import os
     digest = hashlib.sha256()
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
-        for name in sorted(files):
-            if not name.endswith(HASHED_SUFFIXES):
-                continue
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, directory).replace(os.sep, "/")
-            with open(path, "rb") as handle:
-                digest.update(rel.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
+    for package in HOST_PACKAGES:
+        top = os.path.join(code_root, package)
+        for root, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+            for name in sorted(files):
+                if not name.endswith(HASHED_SUFFIXES):
+                    continue
+                path = os.path.join(root, name)
+                rel = os.path.relpath(path, code_root).replace(os.sep, "/")
+                with open(path, "rb") as handle:
+                    digest.update(rel.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
     return digest.hexdigest()
 
 
