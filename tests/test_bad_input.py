@@ -161,13 +161,13 @@ def test_run_ids_are_unique_and_folders_exclusive(tmp_path):
     assert len(ids) == 200 and all(runs.RUN_ID.fullmatch(i) for i in ids)
     first = runs.create(str(tmp_path), "same")
     second = runs.create(str(tmp_path), "same")  # both checked before either wrote
-    first.save()
+    runs.save(first)
     with pytest.raises(UsageError, match="run same already exists"):
-        second.save()
-    assert json.loads((tmp_path / "same" / "run.json").read_text()) == {"id": "same"}
+        runs.save(second)
+    assert json.loads((tmp_path / "same" / "run.json").read_text())["id"] == "same"
     loaded = runs.load(str(tmp_path), "same")
-    loaded.data["state"] = "running"
-    loaded.save()  # the owner of a folder keeps saving into it
+    loaded.state = "running"
+    runs.save(loaded)  # the owner of a folder keeps saving into it
     with pytest.raises(UsageError, match="already exists"):
         runs.create(str(tmp_path), "same")
 

@@ -12,8 +12,8 @@ from tfcluster.errors import UsageError
 def fake_run(runs_dir, run_id, tasks=("worker:0", "worker:1"), points=6, rate=100.0):
     """A run folder as a launch leaves it: run.json and metrics.jsonl with POINTS per task."""
     record = runs.create(str(runs_dir), run_id)
-    record.data.update(state="succeeded", created=runs.now())
-    record.save()
+    record.state, record.created = "succeeded", runs.now()
+    runs.save(record)
     store = metrics.MetricsStore(record.dir)
     for i in range(points):
         for n, task in enumerate(tasks):
@@ -89,7 +89,7 @@ def test_metrics_png_is_a_png_with_one_line_per_task(tmp_path, monkeypatch):
 
 def test_run_without_points_gets_no_png(tmp_path):
     record = runs.create(str(tmp_path), "empty")
-    record.save()
+    runs.save(record)
     assert plot.write_run_png(record.dir) is None
     with pytest.raises(UsageError, match="run empty has no metrics"):
         plot.write_png([record.dir], str(tmp_path / "x.png"))

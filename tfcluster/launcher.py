@@ -22,9 +22,10 @@ from tfcluster.plot import draw_in_background
 from tfcluster.preflight import controller_code_hash, preflight, print_preflight
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
-from tfcluster.taskenv import data_needs, host_run_dir, public_spec, task_specs, thread_plan
+from tfcluster.taskenv import data_needs, host_run_dir, task_specs, thread_plan
 from tfcluster.teardown import finish, stop_tasks, write_task_records
 from tfcluster_agent import protocol as P
+from tfcluster_agent.runmodel import RECORDED_FACTS, MachineRecord, TaskRecord
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once
@@ -154,35 +155,34 @@ class Launch:
         return 0
 
     def _write_record(self, reports, specs):
-        machines = {m.key: m for m, _ in self.cluster.machines()}
-        self.record.data.update(
-            id=self.run_id, example=self.options.example.name, state="starting",
-            created=runs.now(), inventory=os.path.abspath(self.inventory),
-            success_policy=self.options.example.success, smoke=self.options.smoke,
-            user_args=list(self.options.user_args), detach=self.options.detach,
-            cluster=self.cluster.jobs(), cluster_spec=self.cluster.cluster_spec_string(),
-            code_hash=controller_code_hash(),
-            machines=[dict(m.to_dict(), tf_version=reports[k].get("tf_version"),
-                           hostname=reports[k].get("hostname"), cpus=reports[k].get("cpus"),
-                           gpus=reports[k].get("gpus"))
-                      for k, m in machines.items()],
-            tasks={t.label: dict(t.to_dict(), name=t.name, command=specs[t.label]["command"],
-                                 host_run_dir=host_run_dir(t.machine, self.run_id),
-                                 env_names=sorted(specs[t.label]["env"]),
-                                 intra_op_threads=int(specs[t.label]["env"][
-                                     "TF_NUM_INTRAOP_THREADS"]),
-                                 state="pending", exit=None, restarts=0)
-                   for t in self.cluster.tasks})
-        self.record.save()
-        write_task_records(self.record.dir, self.cluster,
-                           {label: public_spec(spec) for label, spec in specs.items()})
+        record, options = self.record, self.options
+        record.example, record.state, record.created = options.example.name, "starting", runs.now()
+        record.inventory = os.path.abspath(self.inventory)
+        record.success_policy, record.smoke = options.example.success, options.smoke
+        record.user_args, record.detach = list(options.user_args), options.detach
+        record.cluster, record.cluster_spec = self.cluster.jobs(), self.cluster.cluster_spec_string()
+        record.code_hash = controller_code_hash()
+        record.machines = [MachineRecord(m.to_dict(), {k: reports[m.key].get(k)
+                                                        for k in RECORDED_FACTS})
+                           for m, _ in self.cluster.machines()]
+        record.tasks = {t.label: TaskRecord(
+            job=t.job, index=t.index, slot=t.slot, machine=t.machine.key, port=t.port,
+            address=t.address if t.port else None, cuda_visible_devices=t.cuda_visible_devices,
+            name=t.name, command=specs[t.label].command,
+            host_run_dir=host_run_dir(t.machine, self.run_id),
+            env_names=sorted(specs[t.label].env),
+            intra_op_threads=int(specs[t.label].env["TF_NUM_INTRAOP_THREADS"]))
+            for t in self.cluster.tasks}
+        runs.save(record)
+        write_task_records(record.dir, self.cluster,
+                           {label: spec.public_json() for label, spec in specs.items()})
 
     def _start(self, specs):
         """Every task of every machine at once: TensorFlow clients wait for their servers."""
         lease = 0 if self.options.detach else self.options.lease
 
         def start(link):
-            mine = [specs[t.label] for t in self.cluster.tasks
+            mine = [specs[t.label].to_json() for t in self.cluster.tasks
                     if t.machine.key == link.machine.key]
             return link.request(P.Start(run_dir=host_run_dir(link.machine, self.run_id),
                                         tasks=mine, lease=lease), timeout=60,
@@ -201,25 +201,17 @@ class Launch:
         while len(self.monitor.started_at) < len(self.cluster.tasks) and \
                 time.monotonic() < deadline:
             self.monitor.pump(WAKE_SECONDS)
-        self._record_pids()
-
-    def _record_pids(self):
-        for task in self.cluster.tasks:
-            pid = self.monitor.states.get(task.label, {}).get("pid")
-            self.record.data["tasks"][task.label].update(pid=pid, state="running")
-        self.record.data.update(state="running", started=runs.now())
-        self.record.save()
+        self.monitor.record_started(self.record)
 
     def _restart(self, task, why):
         """Restart TASK (or the whole job) if --restarts allows; False when it does not."""
-        entry = self.record.data["tasks"][task.label]
-        if entry.get("restarts", 0) >= self.options.restarts:
+        if self.record.tasks[task.label].restarts >= self.options.restarts:
             return False
         whole = task.job in ("chief", "ps") or self.options.example.restart == "job"
-        entry["restarts"] = entry.get("restarts", 0) + 1
+        count = self.monitor.record_restart(self.record, task, why, whole)
         self.reporter.note("%s; restarting %s (restart %d of %d)" % (
             why, "every task from the last checkpoint" if whole else task.label,
-            entry["restarts"], self.options.restarts))
+            count, self.options.restarts))
         tasks = self.cluster.tasks if whole else [task]
         if whole:
             leftovers = stop_tasks(self.hosts, self.cluster, self.options.stop_grace)
@@ -228,8 +220,8 @@ class Launch:
             self.monitor.pump(0)
         for machine, mine in self.cluster.machines():
             # Programs may tell a restart from a first start (e.g. to skip a start barrier).
-            specs = [dict(self.specs[t.label], env=dict(self.specs[t.label]["env"],
-                                                        TFCLUSTER_RESTARTS=str(entry["restarts"])))
+            specs = [replace(self.specs[t.label], env=dict(self.specs[t.label].env,
+                                                           TFCLUSTER_RESTARTS=str(count))).to_json()
                      for t in mine if t in tasks]
             if specs:
                 self.hosts.link(machine).request(
@@ -238,15 +230,9 @@ class Launch:
                     timeout=60, what="to restart %s" % ", ".join(s["name"] for s in specs))
         self.ps_deadline = time.monotonic() + self.options.start_timeout
         for restarted in tasks:
-            self.monitor.states[restarted.label] = {"alive": True, "exit": None,
-                                                    "state": "restarting"}
-            if restarted.job == "ps":
-                self.monitor.listening.discard(restarted.label)
-            self.reporter.task_restarted(restarted, entry["restarts"])
-        self.record.data.setdefault("restart_log", []).append(
-            {"task": task.label, "why": why, "scope": "job" if whole else "task",
-             "time": runs.now()})
-        self.record.save()
+            self.monitor.restarting(restarted)
+            self.reporter.task_restarted(restarted, count)
+        runs.save(self.record)
         return True
 
     def _finish_grace(self):
@@ -271,7 +257,7 @@ class Launch:
             monitor.pump(WAKE_SECONDS)
             if not pids_recorded and len(monitor.started_at) == len(cluster.tasks):
                 pids_recorded = True
-                self._record_pids()
+                self.monitor.record_started(self.record)
             if monitor.write_error is not None:
                 return RunFailed("cannot write the logs in %s: %s" % (
                     self.record.dir, monitor.write_error)), []
@@ -299,8 +285,7 @@ class Launch:
                 policy_met_at = time.monotonic()
                 self.reporter.note("success policy %s met" % options.example.success)
             if policy_met_at is not None:
-                running = [t for t in tracked(cluster)
-                           if monitor.states.get(t.label, {}).get("alive")]
+                running = [t for t in tracked(cluster) if monitor.alive(t)]
                 if not running:
                     return None, []
                 if time.monotonic() - policy_met_at > self._finish_grace():
@@ -348,15 +333,15 @@ def launch(inventory_path, options, load_slots, reporter=None):
 def efficiency_lines(base, main):
     """The cluster's examples/s against the single task's, per core used."""
     def training(record):
-        return [(label, entry) for label, entry in record["tasks"].items()
-                if entry["job"] in ("chief", "worker")]
+        return [(label, entry) for label, entry in record.tasks.items()
+                if entry.job in ("chief", "worker")]
 
     def throughput(record):
-        return sum((record.get("results", {}).get(label) or {}).get("examples_per_s") or 0
+        return sum((record.results.get(label) or {}).get("examples_per_s") or 0
                    for label, _ in training(record))
 
-    cores = sum(e.get("intra_op_threads", 1) for _, e in training(main)) / max(
-        1, sum(e.get("intra_op_threads", 1) for _, e in training(base)))
+    cores = sum(e.intra_op_threads for _, e in training(main)) / max(
+        1, sum(e.intra_op_threads for _, e in training(base)))
     return efficiency_message(throughput(main), throughput(base), cores)
 
 

@@ -20,17 +20,14 @@ WAKE_SECONDS = 0.25
 
 
 def cluster_from_record(record):
-    machines = [Machine(**{k: v for k, v in m.items() if k in Machine.__dataclass_fields__})
-                for m in record.get("machines", [])]
-    tasks = []
-    for label, entry in record.get("tasks", {}).items():
-        machine = next((m for m in machines if m.address == entry["host"]), None)
-        if machine is None:
-            raise UsageError("run %s: its run.json names no machine at %s: the record is damaged"
-                             % (record.id, entry["host"]))
-        tasks.append(Task(entry["job"], entry["index"], entry["slot"], machine, entry["port"],
-                          entry.get("cuda_visible_devices")))
-    return Cluster(tasks)
+    """The run's cluster; each task on its machine by Machine.key (the SSH port included)."""
+    machines = {}
+    for entry in record.machines:
+        machine = Machine(**{k: v for k, v in entry.settings.items()
+                             if k in Machine.__dataclass_fields__})
+        machines[machine.key] = machine
+    return Cluster(Task(entry.job, entry.index, entry.slot, machines[entry.machine], entry.port,
+                        entry.cuda_visible_devices) for entry in record.tasks.values())
 
 
 def pick(runs_dir, run_id, active_only=False):
@@ -38,7 +35,8 @@ def pick(runs_dir, run_id, active_only=False):
 
 
 def attach(hosts, cluster, run_id, from_start):
-    """Open every machine's agent on the run folder; {label: state} of the tasks it knows."""
+    """Open every machine's agent on the run folder; {label: its Attached entry} of the tasks it
+    knows (hand them to Monitor.attached)."""
     def call(link):
         link.open()
         return link.request(P.Attach(run_dir=host_run_dir(link.machine, run_id),
@@ -78,31 +76,33 @@ def status(runs_dir, run_id=None, reporter=None):
         store = MetricsStore()
         try:
             monitor = Monitor(hosts, cluster, None, PlainReporter(echo=False), metrics=store)
-            states, unreachable = attach(hosts, cluster, record.id, from_start=True)
+            answers, unreachable = attach(hosts, cluster, record.id, from_start=True)
+            monitor.attached(answers)
+            states = dict(monitor.states)  # as the agents answered, before their replayed events
             monitor.pump(0)
         finally:
             hosts.close()
         warn_unreachable(reporter, unreachable)
         latest = dict(latest, **store.latest())
-    reporter.out("run %s (%s) %s, created %s" % (record.id, record.get("example"),
-                                                 record.get("state"), record.get("created")))
+    reporter.out("run %s (%s) %s, created %s" % (record.id, record.example, record.state,
+                                                 record.created))
     reporter.out("%-12s %-18s %-8s %-12s %-5s %10s %10s %12s" % (
         "TASK", "HOST", "PID", "STATE", "EXIT", "STEP", "LOSS", "EXAMPLES/S"))
     for task in cluster.tasks:
-        entry = record["tasks"][task.label]
+        entry = record.tasks[task.label]
         live = states.get(task.label)
-        state = live["state"] if live else entry.get("state")
-        code = live["exit"] if live else entry.get("exit")
+        state = live.state if live else entry.state
+        code = live.exit if live else entry.exit
         point = latest.get(task.label, {})
         reporter.out("%-12s %-18s %-8s %-12s %-5s %10s %10s %12s" % (
-            task.label, task.machine.address, entry.get("pid", "-"), state,
+            task.label, task.machine.label, "-" if entry.pid is None else entry.pid, state,
             "-" if code is None else code, point.get("step", "-"), _short(point.get("loss")),
             _short(point.get("examples_per_s"))))
     if record.active and states:
-        if policy_met(cluster, states, record.get("success_policy", "all_workers")):
+        if policy_met(cluster, states, record.success_policy):
             reporter.note("training finished; stop the parameter servers with `tfcluster stop %s`"
                           % record.id)
-        elif not any(states.get(t.label, {}).get("alive") for t in tracked(cluster)):
+        elif not any(states[t.label].alive for t in tracked(cluster) if t.label in states):
             reporter.note("no worker is running any more; `tfcluster stop %s` collects the logs"
                           % record.id)
     return 0
@@ -143,11 +143,11 @@ def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
     try:
         # Following a run writes nothing: the records are the launcher's (or stop's).
         monitor = Monitor(hosts, shown, None, reporter)
-        states, unreachable = attach(hosts, shown, record.id, from_start=True)
+        answers, unreachable = attach(hosts, shown, record.id, from_start=True)
         warn_unreachable(reporter, unreachable)
-        monitor.states.update(states)
+        monitor.attached(answers)
         monitor.pump(0)
-        while follow and any(monitor.states.get(t.label, {}).get("alive") for t in chosen) \
+        while follow and any(monitor.alive(t) for t in chosen) \
                 and len(monitor.closed_links) < len(machines):
             monitor.pump(WAKE_SECONDS)
         monitor.close()
@@ -175,26 +175,25 @@ def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
             store = MetricsStore(record.dir)
             monitor = Monitor(hosts, cluster, record.dir, PlainReporter(echo=False),
                               metrics=store)
-            states, unreachable = attach(hosts, cluster, record.id, from_start=True)
-            monitor.states.update(states)
+            answers, unreachable = attach(hosts, cluster, record.id, from_start=True)
+            monitor.attached(answers)
             finish(hosts, cluster, record, monitor, None, grace, reporter, stopped_by_user=True,
                    lost={m.key for m, _ in unreachable})
             store.close()
             if store.latest():
                 draw_in_background(record.dir)
         else:
-            states, unreachable = attach(hosts, cluster, record.id, from_start=False)
+            _, unreachable = attach(hosts, cluster, record.id, from_start=False)
             leftovers = stop_tasks(hosts, cluster, grace, skip={m.key for m, _ in unreachable})
             if leftovers:
                 raise RunFailed("run %s: %s" % (record.id, "; ".join(leftovers)))
     finally:
         hosts.close()
-    if record.get("leftovers"):
+    if record.leftovers:
         raise RunFailed("run %s: tasks could not be stopped: %s"
-                        % (record.id, "; ".join(record["leftovers"])))
+                        % (record.id, "; ".join(record.leftovers)))
     reporter.note("run %s: %s; no task left running, ports free" % (
-        record.id, record.get("state") if was_active else
-        "already ended (%s)" % record.get("state")))
+        record.id, record.state if was_active else "already ended (%s)" % record.state))
     return 0
 
 
@@ -207,6 +206,5 @@ def history(runs_dir, reporter=None):
     reporter.out("%-40s %-22s %-12s %-26s %s" % ("RUN", "EXAMPLE", "STATE", "CREATED", "TASKS"))
     for record in records:
         reporter.out("%-40s %-22s %-12s %-26s %d" % (
-            record.id, record.get("example"), record.get("state"), record.get("created"),
-            len(record.get("tasks", {}))))
+            record.id, record.example, record.state, record.created, len(record.tasks)))
     return 0

@@ -1,13 +1,20 @@
 """Following a run: the agents' events become task states, log files, metrics and console lines;
-the success policy and the first failure are decided from those states."""
+the success policy and the first failure are decided from those states.
+
+The monitor is the only writer of task state: the agents' events, the restarts the launcher
+decides and the attach answers of status/logs/stop all go through it, and so do the task entries
+of the run's record."""
 import collections
+import dataclasses
 import os
 import queue
 import signal
 import time
 
+from tfcluster import runs
 from tfcluster.hosts import CLOSED
 from tfcluster_agent import protocol as P
+from tfcluster_agent.runmodel import RestartEntry, TaskState, TaskStatus, check_transition
 
 TRACKED_JOBS = ("chief", "worker")
 TAIL_LINES = 20
@@ -22,7 +29,7 @@ class Monitor:
         self.reporter = reporter
         self.metrics = metrics
         self.by_name = {(t.machine.key, t.name): t for t in cluster.tasks}
-        self.states = {}           # label -> {"alive", "exit", "state", "pid"}
+        self.states = {}           # label -> TaskStatus; written by _set() alone
         self.listening = set()     # labels of ps tasks that listen
         self.started_at = {}       # label -> time.time() of its start
         self.first_step_s = {}     # label -> seconds from start to its first metric
@@ -62,8 +69,7 @@ class Monitor:
         if task is None:
             return
         if isinstance(msg, P.Started):
-            self.states[task.label] = {"alive": True, "exit": None, "state": "running",
-                                       "pid": msg.pid}
+            self._set(task, state=TaskState.RUNNING, alive=True, exit=None, pid=msg.pid)
             self.started_at[task.label] = msg.time
             self.reporter.task_started(task, msg.pid)
         elif isinstance(msg, P.Listening):
@@ -71,10 +77,68 @@ class Monitor:
         elif isinstance(msg, P.Output):
             self._output(task, msg.text)
         elif isinstance(msg, P.Exited):
-            state = dict(self.states.get(task.label, {}), alive=False, exit=msg.code,
-                         state=msg.state)
-            self.states[task.label] = state
-            self.reporter.task_exited(task, msg.code, task_state(task, state))
+            state = self._set(task, alive=False, exit=msg.code, state=TaskState(msg.state))
+            self.reporter.task_exited(task, msg.code, str(task_state(task, state)))
+
+    # ------------------------------------------------------------ task state
+    def _set(self, task, **changes):
+        """The one place a task's state changes (checked against TaskState's transitions)."""
+        old = self.states.get(task.label)
+        new = dataclasses.replace(old or TaskStatus(), **changes)
+        check_transition(task.label, old.state if old else None, new.state)
+        self.states[task.label] = new
+        return new
+
+    def attached(self, answers):
+        """The states the agents gave on attach: {label: their Attached entry}."""
+        for task in self.cluster.tasks:
+            if task.label in answers:
+                answer = TaskStatus.from_agent(answers[task.label])
+                self._set(task, **dataclasses.asdict(answer))
+
+    def restarting(self, task):
+        self._set(task, state=TaskState.RESTARTING, alive=True, exit=None)
+        if task.job == "ps":
+            self.listening.discard(task.label)
+
+    def alive(self, task):
+        state = self.states.get(task.label)
+        return bool(state and state.alive)
+
+    # ------------------------------------------------------------ the record's task entries
+    def record_started(self, record):
+        """Every task's pid, and the run running."""
+        for task in self.cluster.tasks:
+            state = self.states.get(task.label)
+            entry = record.tasks[task.label]
+            entry.pid = state.pid if state else None
+            entry.state = check_transition(task.label, entry.state, TaskState.RUNNING)
+        record.state, record.started = "running", runs.now()
+        runs.save(record)
+
+    def record_restart(self, record, task, why, whole):
+        """Count a restart of TASK (of every task when WHOLE); returns the count."""
+        entry = record.tasks[task.label]
+        entry.restarts += 1
+        record.restart_log.append(RestartEntry(task=task.label, why=why,
+                                               scope="job" if whole else "task",
+                                               time=runs.now()))
+        return entry.restarts
+
+    def record_end(self, record):
+        """Every task's end in RECORD (not saved: the caller adds the run's end)."""
+        for task in self.cluster.tasks:
+            entry = record.tasks[task.label]
+            state = self.states.get(task.label)
+            entry.state = check_transition(task.label, entry.state, task_state(task, state))
+            entry.exit = state.exit if state else None
+            if state and state.pid is not None:
+                entry.pid = state.pid
+            entry.log = task.name + ".log"
+            if task.label in self.first_step_s:
+                entry.first_step_s = self.first_step_s[task.label]
+            if task.label in self.results:
+                record.results[task.label] = self.results[task.label]
 
     def _output(self, task, text):
         if self.record_dir and self.write_error is None:
@@ -113,11 +177,11 @@ class Monitor:
         self._logs = {}
 
     # ------------------------------------------------------------ contact
-    def lost_machines(self, seconds, ignore=()):
+    def lost_machines(self, seconds):
         """Machines not heard from for SECONDS, or whose agent's stream ended."""
         limit = time.monotonic() - seconds
         return [link.machine for key, link in self.hosts.links.items()
-                if key not in ignore and link.hello is not None and
+                if link.hello is not None and
                 (link.last_heard < limit or key in self.closed_links)]
 
 
@@ -136,16 +200,18 @@ def policy_tasks(cluster, policy):
 
 
 def policy_met(cluster, states, policy):
-    return all(states.get(t.label, {}).get("exit") == 0 for t in policy_tasks(cluster, policy))
+    """STATES: {label: TaskStatus}."""
+    return all(states.get(t.label) is not None and states[t.label].exit == 0
+               for t in policy_tasks(cluster, policy))
 
 
-def first_failure(cluster, states, ignore=()):
+def first_failure(cluster, states):
     """A tracked task that failed, or a ps that ended (workers would hang without it)."""
     for task in cluster.tasks:
         state = states.get(task.label)
-        if not state or state.get("alive") or task.label in ignore:
+        if not state or state.alive:
             continue
-        code = state.get("exit")
+        code = state.exit
         if task.job in TRACKED_JOBS and code != 0:
             return task, "%s on %s %s" % (task.label, task.machine.address, describe_exit(state))
         if task.job == "ps":
@@ -155,9 +221,9 @@ def first_failure(cluster, states, ignore=()):
 
 
 def describe_exit(state):
-    if state.get("state") == "lost":
+    if state.state == TaskState.LOST:
         return "disappeared without an exit status"
-    code = state.get("exit")
+    code = state.exit
     if code is not None and code > 128:
         try:
             return "was killed by %s" % signal.Signals(code - 128).name
@@ -167,18 +233,18 @@ def describe_exit(state):
 
 
 def task_state(task, state):
-    """The word for a task's end in summaries and records."""
+    """How a task ended (TaskStatus STATE), for summaries and records."""
     if not state:
-        return "not started"
-    if state.get("alive"):
-        return "running"
-    if state.get("state") == "lost":
-        return "lost"
-    code = state.get("exit")
+        return TaskState.NOT_STARTED
+    if state.alive:
+        return TaskState.RUNNING
+    if state.state == TaskState.LOST:
+        return TaskState.LOST
+    code = state.exit
     if code == 0:
-        return "succeeded"
+        return TaskState.SUCCEEDED
     if task.job == "ps" and code is not None and code >= 128:
-        return "stopped"
+        return TaskState.STOPPED
     if code is not None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL):
-        return "stopped"
-    return "failed"
+        return TaskState.STOPPED
+    return TaskState.FAILED

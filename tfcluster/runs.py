@@ -9,8 +9,7 @@ import sys
 import tempfile
 
 from tfcluster.errors import UsageError
-
-ACTIVE_STATES = ("starting", "running")
+from tfcluster_agent.runmodel import RecordError, RunRecord
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -46,91 +45,47 @@ def writable_dir(path, what):
     return path
 
 
-class RunRecord:
-    def __init__(self, runs_dir, run_id, data=None):
-        self.runs_dir = runs_dir
-        self.id = run_id
-        self.data = data if data is not None else {"id": run_id}
-        # A new record owns its folder only once save() created it (exclusively).
-        self.claimed = data is not None
-
-    @property
-    def dir(self):
-        return os.path.join(self.runs_dir, self.id)
-
-    @property
-    def path(self):
-        return os.path.join(self.dir, "run.json")
-
-    def save(self):
-        if not self.claimed:
-            os.makedirs(self.runs_dir, exist_ok=True)
-            try:
-                os.mkdir(self.dir)  # atomic: two launches with one id cannot both get here
-            except FileExistsError:
-                raise UsageError("run %s already exists in %s: pick another --run-id"
-                                 % (self.id, self.runs_dir)) from None
-            self.claimed = True
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(self.data, handle, indent=2, sort_keys=True)
-        os.replace(tmp, self.path)
-
-    def __getitem__(self, key):
-        return self.data[key]
-
-    def get(self, key, default=None):
-        return self.data.get(key, default)
-
-    @property
-    def active(self):
-        return self.data.get("state") in ACTIVE_STATES
+def save(record):
+    """Write RECORD's run.json: the one place a run record is written."""
+    if not record.claimed:
+        os.makedirs(record.runs_dir, exist_ok=True)
+        try:
+            os.mkdir(record.dir)  # atomic: two launches with one id cannot both get here
+        except FileExistsError:
+            raise UsageError("run %s already exists in %s: pick another --run-id"
+                             % (record.id, record.runs_dir)) from None
+        record.claimed = True
+    tmp = record.path + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(record.to_json(), handle, indent=2, sort_keys=True)
+    os.replace(tmp, record.path)
 
 
 def create(runs_dir, run_id):
-    record = RunRecord(runs_dir, run_id)
+    """A new record; its folder is created (exclusively) by its first save()."""
+    record = RunRecord(id=run_id, runs_dir=runs_dir)
     if os.path.exists(record.dir):
         raise UsageError("run %s already exists in %s: pick another --run-id" % (run_id, runs_dir))
     return record
 
 
 def load(runs_dir, run_id):
-    record = RunRecord(runs_dir, check_run_id(run_id))
+    path = os.path.join(runs_dir, check_run_id(run_id), "run.json")
     try:
-        with open(record.path) as handle:
+        with open(path) as handle:
             data = json.load(handle)
     except FileNotFoundError:
         raise UsageError("no run %s in %s: `tfcluster runs` lists them" % (run_id, runs_dir)) from None
     except (OSError, ValueError) as err:
         raise UsageError("run %s: cannot read %s (%s): repair or remove that folder"
-                         % (run_id, record.path, str(err).splitlines()[0])) from None
-    problem = _shape_problem(data)
-    if problem:
+                         % (run_id, path, str(err).splitlines()[0])) from None
+    try:
+        record = RunRecord.from_json(data, runs_dir)
+    except RecordError as err:
         raise UsageError("run %s: %s is not a tfcluster run record (%s): repair or remove that "
-                         "folder" % (run_id, record.path, problem))
-    record.data = data
-    record.claimed = True
+                         "folder" % (run_id, path, err)) from None
+    record.id = run_id  # the folder's name, as before (a copied folder is that run)
     return record
-
-
-def _shape_problem(data):
-    """What makes DATA unusable by status/stop/logs, or None."""
-    if not isinstance(data, dict):
-        return "not a JSON object"
-    machines = data.get("machines", [])
-    tasks = data.get("tasks", {})
-    if not isinstance(machines, list) or not all(isinstance(m, dict) and "address" in m
-                                                 for m in machines):
-        return "bad machines"
-    if not isinstance(tasks, dict):
-        return "bad tasks"
-    addresses = {m["address"] for m in machines}
-    for label, task in tasks.items():
-        if not isinstance(task, dict) or not {"job", "index", "slot", "host", "port"} <= set(task):
-            return "task %s incomplete" % label
-        if task["host"] not in addresses:
-            return "task %s on unknown machine %s" % (label, task["host"])
-    return None
 
 
 def all_runs(runs_dir):
@@ -148,7 +103,7 @@ def all_runs(runs_dir):
         except UsageError as err:
             print("tfcluster: warning: skipping %s: %s" % (os.path.join(runs_dir, name), err),
                   file=sys.stderr, flush=True)
-    return sorted(records, key=lambda r: str(r.get("created", "")))
+    return sorted(records, key=lambda r: str(r.created or ""))
 
 
 def latest(runs_dir, active_only=False):

@@ -6,30 +6,30 @@ TRAINING_JOBS = ("chief", "worker")
 
 
 def print_summary(reporter, cluster, record):
-    results = record.get("results", {})
+    results = record.results
     keys = [k for k in SUMMARY_KEYS if any(k in r for r in results.values())]
     reporter.out()
     reporter.out("%-12s %-18s %-11s %-5s" % ("TASK", "HOST", "STATE", "EXIT")
                  + "".join(" %14s" % k for k in keys)
                  + ("  DEVICES" if any("devices" in r for r in results.values()) else ""))
     for task in cluster.tasks:
-        entry = record["tasks"].get(task.label, {})
-        row = "%-12s %-18s %-11s %-5s" % (task.label, task.machine.address, entry.get("state"),
-                                          "-" if entry.get("exit") is None else entry.get("exit"))
+        entry = record.tasks[task.label]
+        row = "%-12s %-18s %-11s %-5s" % (task.label, task.machine.address, entry.state,
+                                          "-" if entry.exit is None else entry.exit)
         result = results.get(task.label, {})
         row += "".join(" %14s" % _fmt(result.get(k)) for k in keys)
         if any("devices" in r for r in results.values()):
             row += "  %-14s" % (",".join(d.replace("/device:", "") for d in result["devices"])
                                 if result.get("devices") else "-")
-        if entry.get("restarts"):
-            row += "  (restarted %d time(s))" % entry["restarts"]
+        if entry.restarts:
+            row += "  (restarted %d time(s))" % entry.restarts
         reporter.out(row.rstrip())
     total = aggregate_examples_per_s(cluster, results)
     if total:
         reporter.out("cluster throughput: %s examples/s (sum over %d training task(s))"
                      % (_fmt(total), sum(1 for t in cluster.tasks if t.job in TRAINING_JOBS
                                          and results.get(t.label, {}).get("examples_per_s"))))
-    reporter.out("run %s %s" % (record.id, record.get("state")))
+    reporter.out("run %s %s" % (record.id, record.state))
 
 
 def aggregate_examples_per_s(cluster, results):

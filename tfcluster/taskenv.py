@@ -5,6 +5,7 @@ import os
 from tfcluster import gpus
 from tfcluster.catalog import task_command
 from tfcluster_agent import datafiles
+from tfcluster_agent.runmodel import TaskSpec
 
 
 def host_run_dir(machine, run_id):
@@ -37,7 +38,7 @@ def data_needs(cluster, options):
 
 
 def task_specs(cluster, options, run_id, threads):
-    """{task label: spec}; a spec is what the agent needs to start the task."""
+    """{task label: TaskSpec}: what the agent needs to start each task."""
     specs = {}
     example = options.example
     for task in cluster.tasks:
@@ -59,17 +60,11 @@ def task_specs(cluster, options, run_id, threads):
             cwd = options.cwd or (os.getcwd() if machine.is_local else machine.root)
         else:
             cwd = run_dir
-        specs[task.label] = {
-            "name": task.name, "command": command, "env": env, "cwd": cwd,
-            "env_prepend": {"PATH": os.path.dirname(machine.python), "PYTHONPATH": machine.root},
+        specs[task.label] = TaskSpec(
+            name=task.name, command=command, env=env, cwd=cwd,
+            env_prepend={"PATH": os.path.dirname(machine.python), "PYTHONPATH": machine.root},
             # The agent claims the port for the task's life. It reports when a ps listens: the
             # workers may start at once, TensorFlow clients wait for their servers, but a ps
             # that never listens fails the run.
-            "port": task.port, "await_listening": task.job == "ps",
-        }
+            port=task.port, await_listening=task.job == "ps")
     return specs
-
-
-def public_spec(spec):
-    """A spec as records keep it: variable names, never their values (secrets stay out)."""
-    return dict({k: v for k, v in spec.items() if k != "env"}, env_names=sorted(spec["env"]))

@@ -9,7 +9,7 @@ import threading
 from tfcluster import runs
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.hosts import HostError
-from tfcluster.monitor import TAIL_LINES, policy_met, task_state
+from tfcluster.monitor import TAIL_LINES, policy_met
 from tfcluster.summary import print_summary
 from tfcluster_agent import protocol as P
 
@@ -98,30 +98,22 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
 
 def record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, problems):
     """The run's end in run.json and every task's .status; an empty log for a silent task."""
-    met = policy_met(cluster, monitor.states, record.get("success_policy", "all_workers"))
-    state = ("succeeded" if met else "stopped") if stopped_by_user else end_state(outcome)
-    tasks = record.data.setdefault("tasks", {})
+    met = policy_met(cluster, monitor.states, record.success_policy)
+    monitor.record_end(record)
     for task in cluster.tasks:
-        entry = tasks.setdefault(task.label, {})
-        st = monitor.states.get(task.label, {})
-        entry.update(exit=st.get("exit"), state=task_state(task, st), log=task.name + ".log",
-                     pid=st.get("pid", entry.get("pid")))
-        if task.label in monitor.first_step_s:
-            entry["first_step_s"] = monitor.first_step_s[task.label]
-        log_path = os.path.join(record.dir, entry["log"])
+        log_path = os.path.join(record.dir, task.name + ".log")
         if not os.path.exists(log_path):
             write_private(log_path, "")  # it printed nothing: its log is there all the same
-        if st.get("exit") is not None:
-            write_private(os.path.join(record.dir, task.name + ".status"), "%d\n" % st["exit"])
-        if task.label in monitor.results:
-            record.data.setdefault("results", {})[task.label] = monitor.results[task.label]
-    record.data.update(state=state, ended=runs.now(), leftovers=leftovers,
-                       collection_problems=problems,
-                       exit_code=(0 if met else None) if stopped_by_user else
-                       (0 if outcome is None else outcome.exit_code))
+        code = record.tasks[task.label].exit
+        if code is not None:
+            write_private(os.path.join(record.dir, task.name + ".status"), "%d\n" % code)
+    record.state = ("succeeded" if met else "stopped") if stopped_by_user else end_state(outcome)
+    record.ended, record.leftovers, record.collection_problems = runs.now(), leftovers, problems
+    record.exit_code = ((0 if met else None) if stopped_by_user else
+                        (0 if outcome is None else outcome.exit_code))
     if outcome is not None:
-        record.data["failure"] = str(outcome)
-    record.save()
+        record.failure = str(outcome)
+    runs.save(record)
 
 
 def write_private(path, text):

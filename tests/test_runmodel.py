@@ -1,0 +1,130 @@
+"""The typed run model: run.json round trips, older records, task state transitions, and machines
+found by Machine.key (two machines behind one address, on two SSH ports) on a fake host layer."""
+import io
+import json
+
+import pytest
+
+from test_launcher_unit import FakeHosts, FakeLink
+from tfcluster import catalog, manage, runs
+from tfcluster.errors import UsageError
+from tfcluster.inventory import Machine, Slot
+from tfcluster.launcher import Launch, LaunchOptions
+from tfcluster.report import PlainReporter
+from tfcluster.spec import build_cluster
+from tfcluster_agent import protocol as P
+from tfcluster_agent.runmodel import (FORMAT_VERSION, RecordError, RunRecord, TaskState,
+                                      check_transition)
+
+# A record as the code before the run model wrote it (format 1: no "format", tasks by address).
+FORMAT_1 = {
+    "id": "old", "example": "custom", "state": "succeeded", "created": "2026-11-20T10:00:00+00:00",
+    "success_policy": "all_workers", "cluster": {"worker": ["10.0.0.1:2222"]},
+    "machines": [{"address": "10.0.0.1", "connection": "ssh", "ssh_port": 22, "user": None,
+                  "root": "/opt/t", "tf_version": "2.21.0", "cpus": 4, "gpus": []}],
+    "tasks": {"worker:0": {"job": "worker", "index": 0, "slot": "w0", "host": "10.0.0.1",
+                           "port": 2222, "address": "10.0.0.1:2222", "name": "worker-0",
+                           "state": "succeeded", "exit": 0, "restarts": 0, "pid": 42}},
+    "results": {"worker:0": {"loss": 0.5}}, "exit_code": 0,
+}
+
+
+def test_a_format_1_record_loads_and_saves_as_the_current_format(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "run.json").write_text(json.dumps(FORMAT_1))
+    record = runs.load(str(tmp_path), "old")
+    entry = record.tasks["worker:0"]
+    assert entry.machine == ("ssh", "10.0.0.1", 22, None) and entry.state is TaskState.SUCCEEDED
+    assert record.machines[0].facts["tf_version"] == "2.21.0" and record.results["worker:0"]
+    runs.save(record)
+    saved = json.loads((tmp_path / "old" / "run.json").read_text())
+    assert saved["format"] == FORMAT_VERSION
+    assert RunRecord.from_json(saved, str(tmp_path)).to_json() == saved
+
+
+def test_a_format_1_record_with_two_machines_on_one_address_fails_in_one_line(tmp_path, capsys):
+    data = json.loads(json.dumps(FORMAT_1))
+    data["machines"].append(dict(data["machines"][0], ssh_port=2200))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "run.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError) as caught:
+        runs.load(str(tmp_path), "old")
+    message = str(caught.value)
+    assert "\n" not in message and "2 machines share the address 10.0.0.1" in message
+
+
+@pytest.mark.parametrize("data, problem", [
+    ([], "not a JSON object"),
+    ({"id": "x", "format": 99}, "newer than this tfcluster reads"),
+    ({"id": "x", "machines": {}}, "bad machines"),
+    ({"id": "x", "tasks": {"worker:0": {"job": "worker"}}}, "task worker:0 incomplete"),
+    ({"id": "x", "tasks": {"worker:0": {"job": "worker", "index": 0, "slot": "s", "port": 1,
+                                        "machine": ["ssh", "h", 22, None]}}},
+     "on unknown machine"),
+])
+def test_unusable_records_say_why(data, problem):
+    with pytest.raises(RecordError, match=problem):
+        RunRecord.from_json(data)
+
+
+def test_an_ending_is_final_and_pending_only_a_beginning():
+    assert check_transition("worker:0", TaskState.PENDING, "running") is TaskState.RUNNING
+    assert check_transition("worker:0", TaskState.EXITED, TaskState.RUNNING)  # a restart
+    with pytest.raises(ValueError, match="worker:0 cannot go from succeeded to running"):
+        check_transition("worker:0", TaskState.SUCCEEDED, TaskState.RUNNING)
+    with pytest.raises(ValueError):
+        check_transition("worker:0", TaskState.RUNNING, TaskState.PENDING)
+    assert TaskState.STOPPED.is_terminal and TaskState.RESTARTING.is_running
+    assert not TaskState.EXITED.is_terminal
+
+
+class AttachingLink(FakeLink):
+    """A fake agent that also answers attach (the tasks it runs are alive)."""
+
+    def request(self, msg, timeout, what="", collect=None):
+        if isinstance(msg, P.Attach):
+            return P.Attached(tasks={name: {"pid": 7, "alive": True, "exit": None,
+                                            "state": "running"} for name in self.alive})
+        return super().request(msg, timeout, what, collect)
+
+
+def two_machines_one_address():
+    machines = [Machine(address="127.0.0.1", connection="ssh", ssh_port=port, root="/opt/t",
+                        python="/opt/t/venv/bin/python", workdir="/opt/t/work")
+                for port in (24201, 24202)]
+    slots = [Slot(name="w%d" % i, job="worker", machine=m, port=None, port_base=2222)
+             for i, m in enumerate(machines)]
+    return build_cluster(slots, {"worker": 2, "ps": 0, "chief": 0, "evaluator": 0})
+
+
+def test_two_machines_behind_one_address_are_two_to_status_logs_and_stop(tmp_path, monkeypatch):
+    cluster = two_machines_one_address()
+    hosts = FakeHosts([m for m, _ in cluster.machines()])
+    for key, link in hosts.links.items():
+        hosts.links[key] = AttachingLink(link.machine, hosts.events, {}, link.report)
+    runs_dir = str(tmp_path / "runs")
+    example = catalog.custom_example("sleep 300", "all_workers")
+    Launch(cluster, LaunchOptions(example=example, runs_dir=runs_dir, run_id="r", detach=True),
+           "inventory.yml", PlainReporter(stream=io.StringIO()), hosts=hosts).run()
+    links = {link.machine.ssh_port: link for link in hosts.links.values()}
+    assert links[24201].alive == {"worker-0"} and links[24202].alive == {"worker-1"}
+
+    record = runs.load(runs_dir, "r")
+    assert {label: t.machine[2] for label, t in record.tasks.items()} == \
+        {"worker:0": 24201, "worker:1": 24202}
+    rebuilt = manage.cluster_from_record(record)
+    assert [t.machine.ssh_port for t in rebuilt.tasks] == [24201, 24202]
+
+    # status, logs and stop open the record's machines, each by its own key.
+    monkeypatch.setattr(manage, "Hosts", lambda machines: hosts)
+    console = io.StringIO()
+    manage.status(runs_dir, "r", PlainReporter(stream=console))
+    rows = [line.split() for line in console.getvalue().splitlines()
+            if line.startswith("worker:")]
+    assert [(row[1], row[3]) for row in rows] == [("127.0.0.1:24201", "running"),
+                                                  ("127.0.0.1:24202", "running")]
+    manage.stop(runs_dir, "r", grace=1, reporter=PlainReporter(stream=console))
+    assert not links[24201].alive and not links[24202].alive
+    record = runs.load(runs_dir, "r")
+    assert record.state == "stopped" and not record.leftovers
+    assert {t.state for t in record.tasks.values()} == {TaskState.STOPPED}

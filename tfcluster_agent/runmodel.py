@@ -1,0 +1,311 @@
+"""The run model, shared by the controller and the host agent (standard library only).
+
+TaskSpec is what the agent needs to start a task; TaskState and TaskStatus are a task's life as
+the controller's monitor sees it; PreflightReport is a machine's answer to the preflight;
+RunRecord is runs/<run-id>/run.json, read and written only through to_json/from_json.
+"""
+import enum
+import os
+from dataclasses import dataclass, field, fields
+
+FORMAT_VERSION = 2  # 1: the untyped records before this module (no "format" key)
+
+
+class RecordError(ValueError):
+    """A run.json this code cannot use; the message is one line saying why."""
+
+
+class TaskState(str, enum.Enum):
+    PENDING = "pending"          # in the record, not started yet
+    RUNNING = "running"
+    RESTARTING = "restarting"    # started again by the restart policy, not confirmed yet
+    EXITED = "exited"            # the agent saw it end (its exit code says how)
+    LOST = "lost"                # its supervisor vanished: the end is unknown
+    # How a task ended, as the record and the summary say it.
+    NOT_STARTED = "not started"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    def __str__(self):
+        return self.value
+
+    @property
+    def is_running(self):
+        return self in (TaskState.RUNNING, TaskState.RESTARTING)
+
+    @property
+    def is_terminal(self):
+        """An ending the record keeps: nothing follows it."""
+        return self in ENDINGS
+
+    def can_become(self, new):
+        return new in TRANSITIONS[self]
+
+
+ENDINGS = frozenset((TaskState.NOT_STARTED, TaskState.SUCCEEDED, TaskState.FAILED,
+                     TaskState.STOPPED))
+_LIVE = frozenset((TaskState.RUNNING, TaskState.RESTARTING, TaskState.EXITED, TaskState.LOST))
+# An agent replays a run folder's history on attach, and a restarted task's start may follow its
+# old end: every live state may follow another; PENDING is only a beginning, endings are final.
+# A task still alive when its run is recorded ends as RUNNING (its machine was unreachable).
+TRANSITIONS = {state: _LIVE | ENDINGS for state in (TaskState.PENDING,) + tuple(_LIVE)}
+TRANSITIONS.update({state: frozenset() for state in ENDINGS})
+
+
+def check_transition(label, old, new):
+    """The one place a task's state change is checked; returns NEW."""
+    new = TaskState(new)
+    if old is not None and not TaskState(old).can_become(new):
+        raise ValueError("task %s cannot go from %s to %s" % (label, old, new))
+    return new
+
+
+@dataclass
+class TaskStatus:
+    """A task as the monitor knows it."""
+    state: TaskState = TaskState.PENDING
+    alive: bool = False
+    exit: int | None = None
+    pid: int | None = None
+
+    @classmethod
+    def from_agent(cls, answer):
+        """From an agent's Attached entry: {pid, alive, exit, state}."""
+        return cls(state=TaskState(answer.get("state") or "lost"), alive=bool(answer.get("alive")),
+                   exit=answer.get("exit"), pid=answer.get("pid"))
+
+
+@dataclass
+class TaskSpec:
+    """What the agent needs to start one task; ENV may hold secrets and never lands in a file."""
+    name: str
+    command: list
+    env: dict
+    cwd: str
+    env_prepend: dict = field(default_factory=dict)
+    port: int | None = None
+    await_listening: bool = False
+
+    def to_json(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+    def public_json(self):
+        """As records keep it: the variables' names, never their values."""
+        return dict({k: v for k, v in self.to_json().items() if k != "env"},
+                    env_names=sorted(self.env))
+
+
+@dataclass
+class PreflightReport:
+    """A machine's preflight answer. A new fact is one field here (with a default)."""
+    python_ok: bool = False
+    error: str | None = None
+    tf_version: str | None = None
+    hostname: str | None = None
+    cpus: int | None = None
+    gpus: list = field(default_factory=list)
+    code_hash: str | None = None
+    ports: dict = field(default_factory=dict)          # "port" -> free
+    port_holders: dict = field(default_factory=dict)   # "port" -> the run that claimed it
+    missing_data: dict = field(default_factory=dict)   # folder -> [missing files]
+    reached: bool = True
+
+    def to_json(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(**{f.name: data[f.name] for f in fields(cls)
+                      if f.name in data and data[f.name] is not None})
+
+    @classmethod
+    def unreachable(cls, reason):
+        return cls(error=reason, reached=False)
+
+
+# The preflight facts a run's record keeps about each machine.
+RECORDED_FACTS = ("tf_version", "hostname", "cpus", "gpus")
+# Machine settings that identify it (inventory.Machine.key).
+KEY_FIELDS = ("connection", "address", "ssh_port", "user")
+
+
+def machine_key(settings):
+    return (settings.get("connection", "ssh"), settings["address"],
+            int(settings.get("ssh_port", 22)), settings.get("user"))
+
+
+@dataclass
+class MachineRecord:
+    settings: dict                                   # inventory.Machine.to_dict()
+    facts: dict = field(default_factory=dict)        # RECORDED_FACTS from its preflight
+
+    @property
+    def key(self):
+        return machine_key(self.settings)
+
+    def to_json(self):
+        return dict(self.settings, **self.facts)
+
+    @classmethod
+    def from_json(cls, data):
+        if not isinstance(data, dict) or not isinstance(data.get("address"), str):
+            raise RecordError("bad machines")
+        return cls({k: v for k, v in data.items() if k not in RECORDED_FACTS},
+                   {k: data[k] for k in RECORDED_FACTS if k in data})
+
+
+@dataclass
+class TaskRecord:
+    job: str
+    index: int
+    slot: str
+    machine: tuple                    # its machine's key (connection, address, ssh_port, user)
+    port: int | None = None
+    address: str | None = None        # host:port of its server
+    cuda_visible_devices: str | None = None
+    name: str = ""
+    command: list = field(default_factory=list)
+    host_run_dir: str | None = None
+    env_names: list = field(default_factory=list)
+    intra_op_threads: int = 1
+    state: TaskState = TaskState.PENDING
+    exit: int | None = None
+    pid: int | None = None
+    restarts: int = 0
+    log: str | None = None
+    first_step_s: float | None = None
+
+    def to_json(self):
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(machine=list(self.machine), state=self.state.value,
+                    host=self.machine[1])  # the address, for people and older readers
+        return {k: v for k, v in data.items() if v is not None or k in ("exit", "port")}
+
+    @classmethod
+    def from_json(cls, label, data, machines):
+        if not isinstance(data, dict) or not {"job", "index", "slot", "port"} <= set(data):
+            raise RecordError("task %s incomplete" % label)
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        if "machine" in data:
+            key = tuple(data["machine"]) if isinstance(data["machine"], list) else None
+            if key not in machines:
+                raise RecordError("task %s on unknown machine %s" % (label, data["machine"]))
+        else:
+            # Format 1 named the machine by its address alone.
+            same = [k for k in machines if k[1] == data.get("host")]
+            if not same:
+                raise RecordError("task %s on unknown machine %s" % (label, data.get("host")))
+            if len(same) > 1:
+                raise RecordError("task %s: %d machines share the address %s and this older "
+                                  "record does not say which" % (label, len(same), data["host"]))
+            key = same[0]
+        try:
+            values.update(machine=key, state=TaskState(data.get("state") or "pending"))
+        except ValueError:
+            raise RecordError("task %s has an unknown state %r" % (label, data.get("state"))) \
+                from None
+        return cls(**values)
+
+
+@dataclass
+class RestartEntry:
+    task: str
+    why: str
+    scope: str   # task | job
+    time: str
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
+# A run's states; the first two are a run still going.
+ACTIVE_STATES = ("starting", "running")
+
+
+@dataclass
+class RunRecord:
+    """runs/<run-id>/run.json."""
+    id: str
+    example: str | None = None
+    state: str = "starting"
+    created: str | None = None
+    started: str | None = None
+    ended: str | None = None
+    inventory: str | None = None
+    success_policy: str = "all_workers"
+    smoke: bool = False
+    user_args: list = field(default_factory=list)
+    detach: bool = False
+    cluster: dict = field(default_factory=dict)
+    cluster_spec: str | None = None
+    code_hash: str | None = None
+    machines: list = field(default_factory=list)          # [MachineRecord]
+    tasks: dict = field(default_factory=dict)             # label -> TaskRecord
+    results: dict = field(default_factory=dict)           # label -> its TFCLUSTER_RESULT
+    restart_log: list = field(default_factory=list)       # [RestartEntry]
+    leftovers: list = field(default_factory=list)
+    collection_problems: list = field(default_factory=list)
+    exit_code: int | None = None
+    failure: str | None = None
+    # Where it lives on the controller, and whether this process created (owns) its folder.
+    runs_dir: str | None = field(default=None, repr=False, metadata={"local": True})
+    claimed: bool = field(default=False, repr=False, metadata={"local": True})
+
+    @property
+    def dir(self):
+        return os.path.join(self.runs_dir, self.id)
+
+    @property
+    def path(self):
+        return os.path.join(self.dir, "run.json")
+
+    @property
+    def active(self):
+        return self.state in ACTIVE_STATES
+
+    def machine(self, key):
+        return next(m for m in self.machines if m.key == tuple(key))
+
+    def to_json(self):
+        data = {f.name: getattr(self, f.name) for f in fields(self) if not f.metadata.get("local")}
+        data.update(format=FORMAT_VERSION, machines=[m.to_json() for m in self.machines],
+                    tasks={label: t.to_json() for label, t in self.tasks.items()},
+                    restart_log=[vars(e) for e in self.restart_log])
+        return {k: v for k, v in data.items() if v is not None or k == "exit_code"}
+
+    @classmethod
+    def from_json(cls, data, runs_dir=None):
+        """A record from its JSON (this format or format 1); RecordError says why not."""
+        if not isinstance(data, dict):
+            raise RecordError("not a JSON object")
+        version = data.get("format", 1)
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise RecordError("format %r is newer than this tfcluster reads (%d): upgrade "
+                              "tfcluster" % (version, FORMAT_VERSION))
+        if not isinstance(data.get("id"), str):
+            raise RecordError("no run id")
+        machines = data.get("machines", [])
+        tasks = data.get("tasks", {})
+        if not isinstance(machines, list):
+            raise RecordError("bad machines")
+        if not isinstance(tasks, dict):
+            raise RecordError("bad tasks")
+        machines = [MachineRecord.from_json(m) for m in machines]
+        keys = {m.key for m in machines}
+        values = {f.name: data[f.name] for f in fields(cls)
+                  if f.name in data and not f.metadata.get("local")}
+        try:
+            values.update(
+                runs_dir=runs_dir, claimed=True, machines=machines,
+                tasks={label: TaskRecord.from_json(label, t, keys) for label, t in tasks.items()},
+                restart_log=[RestartEntry.from_json(e) for e in data.get("restart_log", [])],
+                results=data.get("results") or {})
+            return cls(**values)
+        except (TypeError, AttributeError) as err:
+            raise RecordError("unexpected content (%s)" % err) from None
