@@ -7,6 +7,7 @@ from conftest import REPO, tfcluster
 from tfcluster.errors import UsageError
 from tfcluster.inventory import Machine, Slot
 from tfcluster.spec import build_cluster, format_cluster_spec, parse_cluster_spec, render
+from trainers import bootstrap
 
 
 def cluster():
@@ -57,6 +58,15 @@ def test_parse_round_trip():
 def test_parse_rejects(text, message):
     with pytest.raises(UsageError, match=message):
         parse_cluster_spec(text)
+    # The trainers' --cluster_spec is the same parser: the same message, in one line.
+    with pytest.raises(SystemExit, match="--cluster_spec: .*" + message):
+        bootstrap.parse_dist_test_spec(text)
+
+
+def test_trainers_parse_the_cluster_spec_as_the_controller_does():
+    text = "worker|localhost:2222;foo:2222,ps|[::1]:2222"
+    assert bootstrap.parse_dist_test_spec(text) == parse_cluster_spec(text) == {
+        "worker": ["localhost:2222", "foo:2222"], "ps": ["[::1]:2222"]}
 
 
 def test_cli_spec_json_and_errors(capsys, monkeypatch):

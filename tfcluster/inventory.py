@@ -6,7 +6,6 @@ may point at the same machine through `ansible_host`.
 import contextlib
 import hashlib
 import io
-import ipaddress
 import math
 import os
 import pickle
@@ -15,12 +14,12 @@ import sys
 from dataclasses import dataclass, field
 
 from tfcluster.errors import UsageError
+from tfcluster_agent import clusterspec
 
 JOBS = ("chief", "worker", "ps", "evaluator")
 DEFAULT_ROOT = "/opt/tfcluster"
 DEFAULT_PORT_BASE = 2222
 # A host name or IPv4 address TensorFlow can put in "host:port" (IPv6 goes in brackets).
-HOST_NAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 
 
 @dataclass(frozen=True)
@@ -299,17 +298,10 @@ def _path(value, name, hostname):
 
 def check_host(host, what, fix):
     """HOST as TensorFlow's host:port needs it: a name, an IPv4 address or a bracketed IPv6 one."""
-    host = str(host)
-    try:
-        if ipaddress.ip_address(host.strip("[]")).version == 6:
-            return "[%s]" % host.strip("[]")
-        return host
-    except ValueError:
-        pass
-    if not HOST_NAME.match(host):
-        raise UsageError("%s %r is not a host name or IP address (letters, digits, '.', '-', "
-                         "'_'; IPv6 in brackets): %s" % (what, host, fix))
-    return host
+    normal = clusterspec.normal_host(host)
+    if normal is None:
+        raise UsageError(clusterspec.host_problem(what, str(host), fix))
+    return normal
 
 
 def _data_address(value, ssh_address, hostname):

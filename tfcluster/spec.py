@@ -1,15 +1,14 @@
 """The cluster model: tasks with addresses, rendered as TF_CONFIG, classic flags or dist_test string."""
 import json
-import re
 from dataclasses import dataclass
 
 from tfcluster.errors import UsageError
-from tfcluster.inventory import JOBS, Machine, check_host
-from tfcluster_agent import protocol
+from tfcluster.inventory import JOBS, Machine
+from tfcluster_agent import clusterspec, protocol
+from tfcluster_agent.clusterspec import format_cluster_spec
 
 # Jobs that run a gRPC server and so appear in the cluster; an evaluator only reads checkpoints.
 SERVER_JOBS = ("chief", "worker", "ps")
-JOB_NAME = re.compile(r"^[a-z][0-9a-z]*$")
 
 
 @dataclass(frozen=True)
@@ -165,45 +164,12 @@ def _check_unique_addresses(tasks):
             seen[key, task.port] = task.slot
 
 
-def format_cluster_spec(jobs):
-    return ",".join("%s|%s" % (job, ";".join(addresses)) for job, addresses in jobs.items())
-
-
 def parse_cluster_spec(text):
-    """Parse dist_test's `job|host:port;host:port,job|...` into {job: [host:port, ...]}."""
-    fix = " (expected e.g. 'worker|localhost:2222;localhost:2223,ps|localhost:2224')"
-    if not text or not text.strip():
-        raise UsageError("empty cluster spec" + fix)
-    jobs, seen = {}, {}
-    for part in text.strip().split(","):
-        if part.count("|") != 1:
-            raise UsageError("job %r in the cluster spec needs exactly one '|'" % part + fix)
-        name, task_text = part.split("|")
-        if not name:
-            raise UsageError("a job in the cluster spec has an empty name" + fix)
-        if not JOB_NAME.match(name):
-            raise UsageError("job name %r must match [a-z][0-9a-z]*" % name + fix)
-        if name in jobs:
-            raise UsageError("job %r appears twice in the cluster spec" % name + fix)
-        if not task_text:
-            raise UsageError("job %r has no tasks in the cluster spec" % name + fix)
-        addresses = [_check_address(address, name, fix) for address in task_text.split(";")]
-        for address in addresses:
-            if address in seen:
-                raise UsageError("%s is in the cluster spec twice (%s and %s): give every task "
-                                 "its own host:port" % (address, seen[address], name))
-            seen[address] = name
-        jobs[name] = addresses
-    return jobs
-
-
-def _check_address(address, job, fix):
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise UsageError("task %r of job %r is not host:port with a port from 1 to 65535"
-                         % (address, job) + fix)
-    host = check_host(host, "task %r of job %r:" % (address, job), "fix the cluster spec")
-    return "%s:%d" % (host, int(port))
+    """dist_test's `job|host:port;host:port,job|...` as {job: [host:port, ...]}."""
+    try:
+        return clusterspec.parse_cluster_spec(text)
+    except clusterspec.ClusterSpecError as err:
+        raise UsageError(str(err)) from None
 
 
 def render(cluster, fmt):

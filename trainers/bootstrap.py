@@ -10,7 +10,7 @@ import random
 import sys
 import time
 
-from tfcluster_agent import protocol
+from tfcluster_agent import clusterspec, protocol
 
 RESULT_PREFIX = protocol.RESULT_PREFIX
 DEFAULT_SEED = 0
@@ -77,13 +77,11 @@ def add_cluster_flags(parser):
 
 
 def parse_dist_test_spec(text):
-    jobs = {}
-    for part in text.split(","):
-        name, _, tasks = part.partition("|")
-        if not name or not tasks:
-            raise SystemExit("--cluster_spec: %r is not JOB|host:port;host:port" % part)
-        jobs[name] = tasks.split(";")
-    return jobs
+    """--cluster_spec's {job: [host:port]}; a bad spec ends the program in one line."""
+    try:
+        return clusterspec.parse_cluster_spec(text)
+    except clusterspec.ClusterSpecError as err:
+        raise SystemExit("--cluster_spec: %s" % err) from None
 
 
 def cluster_from_args(args, environ=None):
