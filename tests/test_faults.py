@@ -170,7 +170,8 @@ def test_controller_runs_dir_full(local_env, tmp_path):
 
 
 def test_a_stale_run_record_is_closed_by_stop(local_env):
-    """run.json says running, but nothing runs any more (the launcher and its tasks are gone)."""
+    """A launcher killed with SIGKILL: its tasks stop by themselves once the lease runs out;
+    run.json still says running, status tells, and `tfcluster stop` closes the run."""
     inventory, runs_dir = local_env
     launcher = launch_in_background(inventory, runs_dir)  # the default lease, 60 s
     try:
@@ -184,4 +185,6 @@ def test_a_stale_run_record_is_closed_by_stop(local_env):
     assert status.stdout.count("exited") + status.stdout.count("lost") == 3, status.stdout
     assert "no worker is running any more" in status.stdout
     tfcluster("stop", runs_dir=runs_dir, check=0)
-    assert run_record(runs_dir)["state"] == "stopped"
+    record = run_record(runs_dir)
+    assert record["state"] == "stopped"
+    assert_run_clean(record)

@@ -220,3 +220,37 @@ def test_gpus_are_split_and_secrets_kept_out_of_records(tmp_path):
     for path in (tmp_path / "runs" / "r").iterdir():
         assert b"s3cr3t" not in path.read_bytes(), path
     assert "TOKEN" in record["tasks"]["worker:0"]["env_names"]
+
+
+def test_baseline_then_the_main_run_both_get_the_live_table(tmp_path, monkeypatch):
+    """--baseline runs two launches on one reporter: the first must not close it (the command
+    does, once), and the main run's table shows its own tasks, not the baseline's."""
+    from rich.console import Console
+
+    from tfcluster import launcher
+    from tfcluster.live import LiveReporter
+    cluster = cluster_of()
+    slots = sorted({t.slot: Slot(name=t.slot, job=t.job, machine=t.machine, port_base=2222)
+                    for t in cluster.tasks}.values(), key=lambda s: s.name)
+    monkeypatch.setattr(launcher, "Hosts", lambda machines: FakeHosts(
+        machines, {"worker-0": [0], "worker-1": [0]}))
+    console = Console(file=io.StringIO(), width=140, color_system=None)
+    reporter = LiveReporter(console=console)
+    closes = []
+    real_close = reporter.close
+    monkeypatch.setattr(reporter, "close", lambda: closes.append(1) or real_close())
+    try:
+        example = catalog.custom_example("python train.py", "all_workers")
+        code = launcher.launch("inventory.yml", LaunchOptions(
+            example=example, runs_dir=str(tmp_path / "runs"), run_id="r", baseline=True,
+            counts={"ps": 1, "worker": 2, "chief": 0}), lambda path: slots, reporter)
+        assert code == 0 and not closes
+        assert reporter._live is not None  # still drawing when the main run ran
+        frame = Console(file=io.StringIO(), width=140, color_system=None)
+        frame.print(reporter.render())
+        rows = [line.split()[0] for line in frame.file.getvalue().splitlines()
+                if line.split() and line.split()[0] in ("ps:0", "worker:0", "worker:1")]
+        assert sorted(rows) == ["ps:0", "worker:0", "worker:1"]
+    finally:
+        reporter.close()
+    assert (tmp_path / "runs" / "r-baseline" / "run.json").exists()

@@ -10,7 +10,8 @@ import tfcluster.live
 from tfcluster.cli import build_parser
 from tfcluster.inventory import Machine
 from tfcluster.live import LiveReporter
-from tfcluster.report import PlainReporter, is_noise, make_reporter
+from tfcluster.console import make_reporter
+from tfcluster.report import PlainReporter, is_noise
 from tfcluster.spec import Task
 
 NOISE = [
@@ -97,14 +98,13 @@ def test_live_reporter_renders_a_row_per_task_and_the_cluster(monkeypatch):
     reporter = LiveReporter(console=console, live=False)
     chief, worker, ps = make_task("chief", 0, "gpu1"), make_task("worker", 0, "gpu2"), \
         make_task("ps", 0, "cpu1")
-    reporter.set_target(400)
     for task, pid in ((ps, 11), (chief, 12), (worker, 13)):
         reporter.task_started(task, pid)
     start = time.time() - 10
     # The clock stops at the last point, so the ETA below does not depend on the machine's speed.
     monkeypatch.setattr(tfcluster.live, "time", types.SimpleNamespace(time=lambda: start + 10))
     for i, step in enumerate((0, 50, 100)):
-        reporter.task_metric(chief, {"step": step, "loss": 2.0 - step / 100,
+        reporter.task_metric(chief, {"step": step, "loss": 2.0 - step / 100, "target_step": 400,
                                      "examples_per_s": 800.0, "time": start + 5 * i})
         reporter.task_metric(worker, {"step": step, "loss": 2.1 - step / 100,
                                       "examples_per_s": 700.0, "time": start + 5 * i})

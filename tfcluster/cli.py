@@ -22,13 +22,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, "tfcluster: error: %s (see %s --help)\n" % (message, self.prog))
 
 
+def _integer(text, expected):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected %s, not %r" % (expected, text)) from None
+
+
 def count(text):
     if text == "all":
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a number or 'all', not %r" % text) from None
+    value = _integer(text, "a number or 'all'")
     if value < 0:
         raise argparse.ArgumentTypeError("must not be negative")
     return value
@@ -47,10 +51,7 @@ def seconds(text):
 
 
 def threads(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a whole number, not %r" % text) from None
+    value = _integer(text, "a whole number")
     if value < 1:
         raise argparse.ArgumentTypeError("must be 1 or more, not %d" % value)
     return value
@@ -213,7 +214,7 @@ def cmd_launch(args):
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline)
-    from tfcluster.report import make_reporter
+    from tfcluster.console import make_reporter
     # --logs shows the raw streams: every line, as the tasks wrote them.
     reporter = make_reporter(args.plain, args.verbose or args.logs, args.logs, sys.stdout)
     try:

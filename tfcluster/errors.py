@@ -18,10 +18,6 @@ class PreflightError(TfclusterError):
 
     exit_code = 3
 
-    def __init__(self, message, report=None):
-        super().__init__(message)
-        self.report = report or {}
-
 
 class RunFailed(TfclusterError):
     """The run ended badly; TASK is the task whose failure ended it, when there is one."""

@@ -92,10 +92,10 @@ class Launch:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.hosts.close()
-            self.reporter.close()
 
     def _run(self):
         options = self.options
+        self.reporter.new_run()
         self.reporter.note("run %s: %s on %d task(s), %d host(s)" % (
             self.run_id, options.example.name, len(self.cluster.tasks),
             len(self.cluster.machines())))

@@ -71,6 +71,12 @@ class LiveReporter(Reporter):
                               redirect_stderr=True)
             self._live.start()
 
+    def new_run(self):
+        with self._lock:
+            self._rows, self.target = {}, None
+            self._tail.clear()
+            self.metrics = MetricsStore()
+
     def _row(self, task):
         with self._lock:
             if task.label not in self._rows:
@@ -86,9 +92,6 @@ class LiveReporter(Reporter):
 
     def out(self, text=""):
         self._print(text)
-
-    def set_target(self, steps):
-        self.target = steps
 
     def task_started(self, task, pid):
         row = self._row(task)
@@ -107,7 +110,7 @@ class LiveReporter(Reporter):
     def task_metric(self, task, point):
         self._row(task)
         self.metrics.add(task, point)
-        # A program may say where it ends; set_target (the launcher's knowledge) wins.
+        # A program may say where it ends (the first point that says wins).
         if not self.target and isinstance(point.get("target_step"), (int, float)):
             self.target = int(point["target_step"])
 

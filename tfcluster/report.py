@@ -2,7 +2,7 @@
 
 `PlainReporter` prints today's prefixed lines (`[worker:1 10.0.0.12] ...`), which is what pipes,
 CI and `--plain` get. `tfcluster.live.LiveReporter` implements the same methods as a live table;
-`make_reporter` picks one (rich is imported only for a terminal).
+`tfcluster.console.make_reporter` picks one (rich is imported only for a terminal).
 
 Quiet by default: the lines in NOISE (TensorFlow's harmless start-up and shutdown chatter) stay in
 the log files but are not shown unless `verbose`. Raw TFCLUSTER_METRIC lines are not shown either:
@@ -106,11 +106,11 @@ class Reporter:
     def task_restarted(self, task, restarts):
         """TASK was restarted; RESTARTS is how often so far."""
 
-    def set_target(self, steps):
-        """The global step the run trains to, when known: gives a % and an ETA."""
+    def new_run(self):
+        """Another run's tasks follow (--baseline runs two): forget the last one's."""
 
     def close(self):
-        """The run is over: leave the terminal as a plain one."""
+        """The command is over: leave the terminal as a plain one. Its caller closes it, once."""
 
 
 class PlainReporter(Reporter):
@@ -146,16 +146,3 @@ class PlainReporter(Reporter):
         # Verbose mode already showed the raw line.
         if self.echo and not self.verbose:
             self._task_write(task, format_point(point))
-
-
-def make_reporter(plain=False, verbose=False, logs=False, stream=None):
-    """The live view on a terminal; prefixed lines for pipes, CI, --plain and --logs."""
-    stream = stream or sys.stdout
-    if plain or logs or not (hasattr(stream, "isatty") and stream.isatty()):
-        return PlainReporter(stream, verbose=verbose)
-    from rich.console import Console
-    from tfcluster.live import LiveReporter
-    console = Console(file=stream)
-    if console.is_dumb_terminal:
-        return PlainReporter(stream, verbose=verbose)
-    return LiveReporter(verbose=verbose, console=console)

@@ -12,7 +12,7 @@ import sys
 
 from tfcluster_agent import datafiles
 from tfcluster_agent.protocol import code_hash
-from tfcluster_agent.supervisor import boot_id
+from tfcluster_agent.supervisor import boot_id, write_atomic
 
 
 def port_is_free(port):
@@ -105,13 +105,6 @@ def port_is_listening(port, host="127.0.0.1"):
             return True
     except OSError:
         return False
-
-
-def write_atomic(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 # Sets `found`: where an interpreter would import TensorFlow from, with its mtime, or "".

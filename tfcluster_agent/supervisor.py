@@ -79,6 +79,8 @@ def read_int(path):
 
 
 def write_atomic(path, text):
+    """Readers see the old file or the new one; private (0600): a task's records and the
+    host's report are nobody else's business."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
