@@ -9,6 +9,7 @@ from tfcluster import gpus
 from tfcluster.catalog import load_catalog, task_command
 from tfcluster.inventory import load_slots
 from tfcluster.spec import build_cluster
+from tfcluster_agent.runmodel import PreflightReport
 
 SAMPLE = os.path.join(REPO, "inventory", "sample")
 JOBS = ("chief", "worker", "ps", "evaluator")
@@ -21,8 +22,9 @@ def smi_lines(count):
 
 def fake_reports(cluster, per_gpu_host=2):
     """What preflight would report: GPUs on machines named gpu*, none elsewhere."""
-    return {machine.key: {"gpus": smi_lines(per_gpu_host if machine.address.startswith("gpu") else 0)}
-            for machine, _ in cluster.machines()}
+    return {machine.key: PreflightReport(
+        gpus=smi_lines(per_gpu_host if machine.address.startswith("gpu") else 0))
+        for machine, _ in cluster.machines()}
 
 
 def assigned(slots, counts=None, task_per_gpu=True, per_gpu_host=2):

@@ -27,7 +27,8 @@ def devices(task):
 
 
 def reported(reports, machine):
-    return parse_gpu_list((reports.get(machine.key) or {}).get("gpus"))
+    report = reports.get(machine.key)
+    return parse_gpu_list(report.gpus if report else None)
 
 
 def assign(cluster, reports):

@@ -162,7 +162,7 @@ class Launch:
         record.user_args, record.detach = list(options.user_args), options.detach
         record.cluster, record.cluster_spec = self.cluster.jobs(), self.cluster.cluster_spec_string()
         record.code_hash = controller_code_hash()
-        record.machines = [MachineRecord(m.to_dict(), {k: reports[m.key].get(k)
+        record.machines = [MachineRecord(m.to_dict(), {k: getattr(reports[m.key], k)
                                                         for k in RECORDED_FACTS})
                            for m, _ in self.cluster.machines()]
         record.tasks = {t.label: TaskRecord(

@@ -6,6 +6,7 @@ from tfcluster.errors import PreflightError
 from tfcluster.hosts import HostError, Hosts
 from tfcluster_agent import datafiles
 from tfcluster_agent import protocol as P
+from tfcluster_agent.runmodel import PreflightReport
 
 # The agent imports TensorFlow once per interpreter and install; later preflights use the cache.
 IMPORT_SECONDS = 150
@@ -21,7 +22,8 @@ def runs_this_checkout(machine):
 
 
 def preflight(hosts, cluster, expect_code=True, data_needs=None):
-    """Open every machine's agent and check it; returns ({machine key: report}, [problem]).
+    """Open every machine's agent and check it; returns ({machine key: PreflightReport},
+    [problem]).
     DATA_NEEDS: {machine key: [[data set, folder]]} whose files must be there."""
     data_needs = data_needs or {}
     controller_hash = controller_code_hash()
@@ -45,17 +47,17 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
                           timeout=max(m.connect_timeout for m in machines) + IMPORT_SECONDS + 30)
     problems, reports = [], {}
     for machine in machines:
-        report = outcomes[machine.key]
-        if isinstance(report, Exception):
-            reason = report.reason if isinstance(report, HostError) else str(report)
-            reports[machine.key] = {"error": reason}
+        answer = outcomes[machine.key]
+        if isinstance(answer, Exception):
+            reason = answer.reason if isinstance(answer, HostError) else str(answer)
+            reports[machine.key] = PreflightReport.unreachable(reason)
             problems.append("%s: %s" % (machine.label, reason))
             continue
-        reports[machine.key] = report
-        if not report.get("python_ok"):
-            problems.append("%s: %s" % (machine.label, report.get("error")))
-        holders = report.get("port_holders", {})
-        busy = [p for p, free in report.get("ports", {}).items() if not free and p not in holders]
+        report = reports[machine.key] = PreflightReport.from_json(answer)
+        if not report.python_ok:
+            problems.append("%s: %s" % (machine.label, report.error))
+        holders = report.port_holders
+        busy = [p for p, free in report.ports.items() if not free and p not in holders]
         if busy:
             problems.append("%s: port(s) %s already in use: stop what uses them (`tfcluster stop`) "
                             "or set tfcluster_port_base" % (machine.label, ", ".join(busy)))
@@ -65,19 +67,19 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
                                 machine.label, ", ".join(holders),
                                 "; ".join(sorted(set(holders.values())))))
         for name, folder in data_needs.get(machine.key, []):
-            absent = report.get("missing_data", {}).get(folder)
+            absent = report.missing_data.get(folder)
             if absent:
                 problems.append("%s: data set %s missing in %s (%s): %s" % (
                     machine.label, name, folder, ", ".join(absent),
                     datafiles.FETCH_HINT.format(name=name, folder=folder)))
-        if expect_code and report.get("code_hash") != controller_hash and \
+        if expect_code and report.code_hash != controller_hash and \
                 not runs_this_checkout(machine):
             problems.append("%s: its trainer code differs from this checkout's: rerun "
                             "ansible-playbook playbooks/deploy.yml" % machine.label)
-    versions = {r.get("tf_version") for r in reports.values() if r.get("tf_version")}
+    versions = {r.tf_version for r in reports.values() if r.tf_version}
     if len(versions) > 1:
-        listing = ", ".join("%s=%s" % (m.label, reports[m.key].get("tf_version"))
-                            for m in machines if reports[m.key].get("tf_version"))
+        listing = ", ".join("%s=%s" % (m.label, reports[m.key].tf_version)
+                            for m in machines if reports[m.key].tf_version)
         problems.append("TensorFlow versions differ (%s): deploy the same version everywhere"
                         % listing)
     return reports, problems
@@ -88,16 +90,16 @@ def print_preflight(reporter, cluster, reports):
     reporter.out("%-22s %-9s %-10s %-5s %-5s %-12s %s" % ("HOST", "REACHED", "TF", "CPUS", "GPUS",
                                                            "PORTS", "CODE"))
     for machine, tasks in cluster.machines():
-        report = reports.get(machine.key, {})
-        if "error" in report and "python_ok" not in report:
-            reporter.out("%-22s %-9s %s" % (machine.label, "no", report["error"]))
+        report = reports[machine.key]
+        if not report.reached:
+            reporter.out("%-22s %-9s %s" % (machine.label, "no", report.error))
             continue
-        ports = report.get("ports", {})
+        ports = report.ports
         busy = [p for p, free in ports.items() if not free]
-        code = report.get("code_hash")
+        code = report.code_hash
         reporter.out("%-22s %-9s %-10s %-5s %-5s %-12s %s" % (
-            machine.label, "yes", report.get("tf_version") or "MISSING", report.get("cpus", "?"),
-            len(report.get("gpus", [])),
+            machine.label, "yes", report.tf_version or "MISSING",
+            "?" if report.cpus is None else report.cpus, len(report.gpus),
             ("busy " + ",".join(busy)) if busy else "%d free" % len(ports),
             "same" if code == controller_hash or runs_this_checkout(machine)
             else ("stale" if code else "missing")))

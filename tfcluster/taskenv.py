@@ -16,7 +16,8 @@ def thread_plan(cluster, reports, options):
     """Intra/inter-op threads per task: a fair share of the machine's cores."""
     plan = {}
     for machine, tasks in cluster.machines():
-        cpus = int(reports.get(machine.key, {}).get("cpus") or os.cpu_count() or 1)
+        report = reports.get(machine.key)
+        cpus = int((report and report.cpus) or os.cpu_count() or 1)
         share = max(1, cpus // len(tasks))
         for task in tasks:
             # Two inter-op threads at least: ParameterServerStrategy deadlocks with one.

@@ -27,6 +27,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tfcluster_agent import protocol as P  # noqa: E402
 from tfcluster_agent import supervisor as S  # noqa: E402
+from tfcluster_agent.runmodel import TaskSpec  # noqa: E402
 from tfcluster_agent.hostinfo import (PortClaims, port_is_free, port_is_listening,  # noqa: E402
                                preflight_report)
 
@@ -96,30 +97,31 @@ class Agent:
         self.send(P.Report(report=report))
 
     def on_start(self, msg):
-        for spec in msg.tasks:
-            if not TASK_NAME.match(str(spec.get("name"))):
-                raise ValueError("bad task name %r" % spec.get("name"))
+        specs = [TaskSpec.from_json(spec) for spec in msg.tasks]
+        for spec in specs:
+            if not TASK_NAME.match(str(spec.name)):
+                raise ValueError("bad task name %r" % spec.name)
         if msg.restart:
             if msg.run_dir != self.run_dir:
                 raise ValueError("restart in a run this agent did not start")
-            for spec in msg.tasks:
-                old = self.tasks.get(spec["name"])
+            for spec in specs:
+                old = self.tasks.get(spec.name)
                 if old is None or not old.exit_sent:
-                    raise ValueError("task %s is not ended, it cannot restart" % spec["name"])
+                    raise ValueError("task %s is not ended, it cannot restart" % spec.name)
         elif self.run_dir:
             raise ValueError("this agent already runs %s" % self.run_dir)
         before = set(self.claims.held)
         try:
-            self._start(msg)
+            self._start(msg, specs)
         except BaseException:  # a start that failed keeps no claim it took
             self.claims.release(keep=before)
             raise
         self.send(P.Accepted())
 
-    def _start(self, msg):
+    def _start(self, msg, specs):
         # Every port is claimed before anything is made or started; then a task's supervisor
         # holds its claim.
-        taken = self.claims.claim([int(s["port"]) for s in msg.tasks if s.get("port")],
+        taken = self.claims.claim([int(s.port) for s in specs if s.port],
                                   "run " + os.path.basename(msg.run_dir.rstrip("/")))
         if taken:
             raise ValueError("port(s) %s claimed by %s: nothing started" % (
@@ -136,18 +138,18 @@ class Agent:
             S.write_atomic(os.path.join(self.run_dir, ".lease"), "")
             if not self.lease:
                 S.write_atomic(os.path.join(self.run_dir, ".detached"), "")
-        for spec in msg.tasks:
-            name = spec["name"]
+        for spec in specs:
+            name = spec.name
             if msg.restart:
                 os.unlink(os.path.join(self.run_dir, name + ".status"))
                 os.unlink(os.path.join(self.run_dir, name + ".pid"))
-            claim = self.claims.take(spec.get("port"))
+            claim = self.claims.take(spec.port)
             try:
                 proc = S.fork(self.run_dir, name, self.lease, spec, keep_fd=claim)
             finally:
                 if claim is not None:
                     os.close(claim)
-            watched = spec.get("port") if spec.get("await_listening", True) else None
+            watched = spec.port if spec.await_listening else None
             self.tasks[name] = Task(name, watched, proc)
 
     def on_attach(self, msg):

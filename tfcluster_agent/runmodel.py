@@ -80,12 +80,12 @@ class TaskStatus:
 class TaskSpec:
     """What the agent needs to start one task; ENV may hold secrets and never lands in a file."""
     name: str
-    command: list
-    env: dict
-    cwd: str
+    command: str                      # a shell command line
+    env: dict = field(default_factory=dict)
+    cwd: str | None = None
     env_prepend: dict = field(default_factory=dict)
     port: int | None = None
-    await_listening: bool = False
+    await_listening: bool = True      # report when the task listens on PORT
 
     def to_json(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -106,6 +106,8 @@ class PreflightReport:
     python_ok: bool = False
     error: str | None = None
     tf_version: str | None = None
+    python_version: str | None = None
+    agent_python: str | None = None
     hostname: str | None = None
     cpus: int | None = None
     gpus: list = field(default_factory=list)
@@ -169,7 +171,7 @@ class TaskRecord:
     address: str | None = None        # host:port of its server
     cuda_visible_devices: str | None = None
     name: str = ""
-    command: list = field(default_factory=list)
+    command: str = ""
     host_run_dir: str | None = None
     env_names: list = field(default_factory=list)
     intra_op_threads: int = 1

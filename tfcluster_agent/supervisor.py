@@ -215,15 +215,13 @@ def fork(run_dir, name, lease, spec, keep_fd=None):
 
 
 def supervise(run_dir, name, lease, spec, out_fd):
-    """Run the task of SPEC; its output goes to NAME.log and to OUT_FD (the agent)."""
+    """Run the task of SPEC (a TaskSpec); its output goes to NAME.log and to OUT_FD (the agent)."""
     base = os.path.join(run_dir, name)
     env = dict(os.environ)
-    env.update(spec.get("env") or {})
-    for var, value in (spec.get("env_prepend") or {}).items():
+    env.update(spec.env)
+    for var, value in spec.env_prepend.items():
         env[var] = value + (os.pathsep + env[var] if env.get(var) else "")
-    record = {k: v for k, v in spec.items() if k != "env"}
-    record["env_names"] = sorted(spec.get("env") or {})
-    write_atomic(base + ".task.json", json.dumps(record))
+    write_atomic(base + ".task.json", json.dumps(spec.public_json()))
     log_fd = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     agent = out_fd
 
@@ -239,7 +237,7 @@ def supervise(run_dir, name, lease, spec, out_fd):
 
     read_end, write_end = os.pipe()
     try:
-        proc = subprocess.Popen(["/bin/sh", "-c", spec["command"]], cwd=spec.get("cwd") or None,
+        proc = subprocess.Popen(["/bin/sh", "-c", spec.command], cwd=spec.cwd or None,
                                 env=env, stdin=subprocess.DEVNULL, stdout=write_end,
                                 stderr=write_end, start_new_session=True)
     except OSError as err:
