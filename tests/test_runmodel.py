@@ -128,3 +128,25 @@ def test_two_machines_behind_one_address_are_two_to_status_logs_and_stop(tmp_pat
     record = runs.load(runs_dir, "r")
     assert record.state == "stopped" and not record.leftovers
     assert {t.state for t in record.tasks.values()} == {TaskState.STOPPED}
+
+
+def test_the_monitor_is_the_only_writer_of_task_state():
+    from tfcluster.monitor import Monitor
+    cluster = two_machines_one_address()
+    hosts = FakeHosts([m for m, _ in cluster.machines()])
+    monitor = Monitor(hosts, cluster, None, PlainReporter(stream=io.StringIO()))
+    worker = cluster.tasks[0]
+    monitor.handle(worker.machine.key, P.Started(name=worker.name, pid=5, time=0.0))
+    with pytest.raises(TypeError):
+        monitor.states[worker.label] = None  # a read-only view
+    monitor.handle(worker.machine.key, P.Exited(name=worker.name, code=3, state="exited"))
+    assert (monitor.states[worker.label].state, monitor.states[worker.label].exit) == \
+        (TaskState.EXITED, 3)
+    monitor.restarting(worker)
+    assert monitor.alive(worker) and monitor.states[worker.label].state is TaskState.RESTARTING
+    # An event names a task of the machine that sent it: one address, two machines.
+    other = cluster.tasks[1]
+    monitor.handle(worker.machine.key, P.Started(name=other.name, pid=7, time=0.0))
+    assert other.label not in monitor.states
+    monitor.handle(other.machine.key, P.Started(name=other.name, pid=6, time=0.0))
+    assert monitor.states[other.label].pid == 6 and monitor.states[worker.label].pid == 5

@@ -10,6 +10,7 @@ import os
 import queue
 import signal
 import time
+import types
 
 from tfcluster import runs
 from tfcluster.hosts import CLOSED
@@ -29,7 +30,7 @@ class Monitor:
         self.reporter = reporter
         self.metrics = metrics
         self.by_name = {(t.machine.key, t.name): t for t in cluster.tasks}
-        self.states = {}           # label -> TaskStatus; written by _set() alone
+        self._states = {}          # label -> TaskStatus; written by _set() alone
         self.listening = set()     # labels of ps tasks that listen
         self.started_at = {}       # label -> time.time() of its start
         self.first_step_s = {}     # label -> seconds from start to its first metric
@@ -83,11 +84,16 @@ class Monitor:
     # ------------------------------------------------------------ task state
     def _set(self, task, **changes):
         """The one place a task's state changes (checked against TaskState's transitions)."""
-        old = self.states.get(task.label)
+        old = self._states.get(task.label)
         new = dataclasses.replace(old or TaskStatus(), **changes)
         check_transition(task.label, old.state if old else None, new.state)
-        self.states[task.label] = new
+        self._states[task.label] = new
         return new
+
+    @property
+    def states(self):
+        """{label: TaskStatus}, to read: changes go through the methods below."""
+        return types.MappingProxyType(self._states)
 
     def attached(self, answers):
         """The states the agents gave on attach: {label: their Attached entry}."""
