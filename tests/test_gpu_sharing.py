@@ -1,0 +1,460 @@
+"""Shared GPU servers: busy and unhealthy GPUs, claims across runs and users, the --wait queue,
+`tfcluster gpus`. No GPU needed: tests/programs/nvidia-smi answers nvidia-smi's query interface
+from a state file each test writes (fresh GPU UUIDs each time, so claims never collide with
+another test session's)."""
+import json
+import multiprocessing
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import (REPO, free_port_block, local_inventory_text, pid_alive, processes_matching, run_record,
+                      stop_leftovers, stopped_by_lease, tfcluster, wait_for)
+from tfcluster import gpus, gpuqueue
+from tfcluster.inventory import load_slots
+from tfcluster.spec import build_cluster
+from tfcluster_agent import gpuclaims, gpuinfo
+
+FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
+FAKE_TASK = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
+# Prints the GPUs it was given, then behaves as fake_task (FAKE_WORKER_N).
+SHOW_GPUS = "echo gpus=$CUDA_VISIBLE_DEVICES; exec " + FAKE_TASK
+
+
+class FakeGpus:
+    """A state file for the fake nvidia-smi, and the processes that "use" its GPUs."""
+
+    def __init__(self, path, count=4):
+        self.path = str(path)
+        tag = uuid.uuid4().hex[:8]
+        self.state = {"driver": "550.54.15", "apps": [],
+                      "gpus": [{"uuid": "GPU-%s-%04d-test-0000-000000000000" % (tag, i)}
+                               for i in range(count)]}
+        self.users = []
+        self.save()
+
+    def save(self):
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump(self.state, handle)
+        os.replace(tmp, self.path)
+
+    def set(self, index, **fields):
+        self.state["gpus"][index].update(fields)
+        self.save()
+
+    def use(self, index, mib=10240):
+        """A process (sleep) computing on GPU INDEX until stopped; its pid."""
+        proc = subprocess.Popen(["sleep", "600"])
+        self.users.append(proc)
+        self.state["apps"].append({"gpu": index, "pid": proc.pid, "used_memory": mib})
+        self.save()
+        return proc.pid
+
+    def uuids(self):
+        return [g["uuid"] for g in self.state["gpus"]]
+
+    def env(self):
+        return {"FAKE_NVIDIA_SMI_STATE": self.path}
+
+    def close(self):
+        for proc in self.users:
+            proc.kill()
+            proc.wait()
+        for gpu_uuid in self.uuids():
+            try:
+                os.unlink(gpuclaims.claim_path(gpu_uuid))
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def fake_gpus(tmp_path, monkeypatch):
+    fake = FakeGpus(tmp_path / "gpus.json")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(FAKE_SMI, bin_dir / "nvidia-smi")
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", fake.path)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    yield fake
+    fake.close()
+    leftovers = stop_leftovers(str(tmp_path))
+    assert not leftovers, "processes of the test were still running: %s" % leftovers
+
+
+def inventory(tmp_path, workers=2, extra="", slot_vars=None, name="hosts.yml", port_base=None):
+    """A local inventory of WORKERS worker slots on localhost (SLOT_VARS: {index: "k: v"})."""
+    text = local_inventory_text(str(tmp_path / "work"), ps=0, workers=workers, chief=0,
+                                extra=extra, port_base=port_base)
+    for index, values in (slot_vars or {}).items():
+        text = text.replace("worker%d: {ansible_host: localhost}" % index,
+                            "worker%d: {ansible_host: localhost, %s}" % (index, values))
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def reports_for(cluster):
+    """What preflight reports, GPU part only: the agent's own query of the fake."""
+    facts = gpuinfo.host_gpus()
+    return {m.key: {"gpus": gpuinfo.smi_lines(facts), "gpu_facts": facts}
+            for m, _ in cluster.machines()}
+
+
+# ------------------------------------------------------------------ facts and placement
+
+def test_facts_read_the_query_interface_and_proc(fake_gpus):
+    pid = fake_gpus.use(0, mib=10240)
+    fake_gpus.set(1, ecc="[N/A]", retired_pending="[Not Supported]", remap_failure="[N/A]",
+                  utilization="[N/A]")
+    fake_gpus.set(2, name="NVIDIA RTX A6000, rev. 2")
+    facts = gpuinfo.host_gpus()
+    assert facts["driver"] == "550.54.15" and facts["error"] is None
+    first, second, third = facts["gpus"][:3]
+    assert [g["index"] for g in facts["gpus"]] == [0, 1, 2, 3]
+    assert first["processes"] == [{"pid": pid, "used_memory": 10240,
+                                   "user": gpuclaims.user_name(), "command": "sleep 600"}]
+    assert first["memory_used"] == 10241 and first["memory_total"] == 81920
+    assert second["ecc_errors"] is None and second["retired_pending"] is None
+    assert second["remap_failed"] is None and second["utilization"] is None
+    assert third["name"] == "NVIDIA RTX A6000, rev. 2"
+
+
+def test_no_driver_means_no_gpu(fake_gpus, monkeypatch):
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", "/nonexistent")
+    assert gpuinfo.host_gpus() == {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}
+    assert gpuinfo.host_gpus("/nonexistent/nvidia-smi")["gpus"] == []
+
+
+def test_assignment_skips_busy_and_unhealthy_gpus(fake_gpus, tmp_path):
+    fake_gpus.use(0)
+    fake_gpus.set(3, ecc=2)
+    cluster = build_cluster(load_slots(inventory(tmp_path, workers=2)))
+    reports = reports_for(cluster)
+    assert gpus.problems(cluster, reports) == []
+    assigned = gpus.assign(cluster, reports)
+    assert [t.cuda_visible_devices for t in assigned.tasks] == ["1", "2"]
+    # Memory held by a process nvidia-smi does not show (another container) is busy too.
+    fake_gpus.set(1, memory_used=900)
+    fake_gpus.set(2, retired_pending="Yes")
+    reports = reports_for(cluster)
+    problems = gpus.problems(cluster, reports)
+    assert len(problems) == 1 and problems[0].startswith("localhost: no free GPU for worker:0, "
+                                                         "worker:1: GPU 0 busy, used by pid ")
+    assert "GPU 1 busy, 900 MiB of its memory in use by a process nvidia-smi does not show" in \
+        problems[0]
+    assert not problems[0].waitable  # GPU 3 and 2 are failing: no point waiting
+    # Knowingly sharing the busy ones: the unhealthy ones stay out.
+    shared = gpus.assign(cluster, reports, share=True)
+    assert [t.cuda_visible_devices for t in shared.tasks] == ["0", "1"]
+
+
+def test_listed_busy_and_unhealthy_gpus_are_refused_one_line_each(fake_gpus, tmp_path):
+    pid = fake_gpus.use(0)
+    fake_gpus.set(1, remap_failure="Yes")
+    fake_gpus.set(2, ecc=3)
+    fake_gpus.set(3, retired_pending="Yes")
+    cluster = build_cluster(load_slots(inventory(tmp_path, workers=2, slot_vars={
+        0: "tfcluster_gpus: [0, 1]", 1: "tfcluster_gpus: [2, 3]"})), task_per_gpu=False)
+    problems = gpus.problems(cluster, reports_for(cluster))
+    user = gpuclaims.user_name()
+    assert problems == [
+        "localhost: GPU 0 (tfcluster_gpus of worker0) is busy, used by pid %d (user %s: sleep "
+        "600), 10240 MiB: wait for it (`tfcluster launch --wait`), list another GPU, or share "
+        "it knowingly (--share-busy-gpus or tfcluster_gpu_share: true)" % (pid, user),
+        "localhost: GPU 1 (tfcluster_gpus of worker0) is unhealthy: row remapping failed "
+        "(remapped_rows.failure): replace the board or list another GPU in tfcluster_gpus",
+        "localhost: GPU 2 (tfcluster_gpus of worker1) is unhealthy: 3 uncorrectable ECC "
+        "error(s) (ecc.errors.uncorrected.volatile.total): replace the board or list another "
+        "GPU in tfcluster_gpus",
+        "localhost: GPU 3 (tfcluster_gpus of worker1) is unhealthy: retired pages pending a "
+        "reset (retired_pages.pending): replace the board or list another GPU in tfcluster_gpus"]
+    assert [p.waitable for p in problems] == [True, False, False, False]
+    # The share setting of the inventory covers the busy one only.
+    shared = build_cluster(load_slots(inventory(tmp_path, workers=1, slot_vars={
+        0: "tfcluster_gpus: [0], tfcluster_gpu_share: true"})))
+    assert gpus.problems(shared, reports_for(shared)) == []
+
+
+def test_fewer_gpus_than_the_inventory_says_and_differing_drivers(fake_gpus, tmp_path):
+    cluster = build_cluster(load_slots(inventory(tmp_path, workers=1,
+                                                 slot_vars={0: "tfcluster_gpu_count: 8"})))
+    reports = reports_for(cluster)
+    assert gpus.problems(cluster, reports) == [
+        "localhost: nvidia-smi shows 4 GPU(s) but tfcluster_gpu_count says 8: check the host "
+        "(nvidia-smi -L; a board may have fallen off the bus) or fix tfcluster_gpu_count"]
+    assert gpus.warnings(cluster, reports) == []
+    with open(inventory(tmp_path, workers=2)) as handle:
+        (tmp_path / "two.yml").write_text(handle.read().replace(
+            "worker1: {ansible_host: localhost}", "worker1: {ansible_host: 127.0.0.1}"))
+    two = build_cluster(load_slots(str(tmp_path / "two.yml")))
+    reports = reports_for(two)
+    other = [m for m, _ in two.machines()][1]
+    reports[other.key]["gpu_facts"] = dict(reports[other.key]["gpu_facts"], driver="535.183.01")
+    assert gpus.warnings(two, reports) == [
+        "NVIDIA driver versions differ (localhost=550.54.15, 127.0.0.1=535.183.01): deploy the "
+        "same driver everywhere (nvidia_driver_branch) or expect different results and speeds"]
+
+
+# ------------------------------------------------------------------ claims
+
+def hold_claim(gpu_uuid, run, ready, release):
+    claims = gpuclaims.GpuClaims()
+    ready.put(claims.claim({gpu_uuid: ["worker-0"]}, run)["taken"] == {})
+    release.wait(60)
+
+
+def test_claim_files_open_to_every_user_whatever_the_umask(fake_gpus):
+    old = os.umask(0o077)
+    try:
+        claims = gpuclaims.GpuClaims()
+        assert claims.claim({fake_gpus.uuids()[0]: ["worker-0"]}, "r1") == {"taken": {},
+                                                                              "ahead": []}
+    finally:
+        os.umask(old)
+    folder = os.stat(gpuclaims.CLAIMS_DIR)
+    assert stat.S_IMODE(folder.st_mode) == 0o1777
+    assert stat.S_IMODE(os.stat(gpuclaims.claim_path(fake_gpus.uuids()[0])).st_mode) == 0o666
+    assert gpuclaims.holder(fake_gpus.uuids()[0])["run"] == "r1"
+    claims.release()
+    assert gpuclaims.holder(fake_gpus.uuids()[0]) is None
+
+
+def test_the_race_for_the_last_gpu_has_exactly_one_winner(fake_gpus):
+    context = multiprocessing.get_context("fork")
+    ready, release = context.Queue(), context.Event()
+    racers = [context.Process(target=hold_claim, args=(fake_gpus.uuids()[3], "r%d" % i, ready,
+                                                       release)) for i in range(12)]
+    for racer in racers:
+        racer.start()
+    try:
+        won = [ready.get(timeout=60) for _ in racers]
+    finally:
+        release.set()
+        for racer in racers:
+            racer.join(30)
+    assert won.count(True) == 1, won
+
+
+def test_a_killed_holder_leaves_no_claim(fake_gpus):
+    gpu_uuid = fake_gpus.uuids()[0]
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, %r)\n"
+        "from tfcluster_agent import gpuclaims\n"
+        "c = gpuclaims.GpuClaims(); print(c.claim({%r: ['worker-0']}, 'doomed'), flush=True)\n"
+        "time.sleep(600)") % (REPO, gpu_uuid)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().startswith("{'taken': {}")
+        assert gpuclaims.holder(gpu_uuid)["run"] == "doomed"
+        taken = gpuclaims.GpuClaims().claim({gpu_uuid: ["worker-0"]}, "next")["taken"]
+        assert taken[gpu_uuid]["run"] == "doomed"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    claims = gpuclaims.GpuClaims()
+    assert claims.claim({gpu_uuid: ["worker-0"]}, "next") == {"taken": {}, "ahead": []}
+    claims.release()
+
+
+def test_the_queue_is_first_come_first_served(fake_gpus):
+    gpu_uuid = fake_gpus.uuids()[0]
+    want = {gpu_uuid: ["worker-0"]}
+    holder, first, second = (gpuclaims.GpuClaims() for _ in range(3))
+    assert holder.claim(want, "holder")["taken"] == {}
+    assert first.claim(want, "first", wait=True)["taken"][gpu_uuid]["run"] == "holder"
+    time.sleep(0.001)  # distinct tickets
+    waiting = second.claim(want, "second", wait=True)
+    assert [a["run"] for a in waiting["ahead"]] == ["first"]
+    # Without --wait a run does not jump the queue either.
+    assert [a["run"] for a in gpuclaims.GpuClaims().claim(want, "rude")["ahead"]] == [
+        "first", "second"]
+    holder.release()
+    assert [a["run"] for a in second.claim(want, "second", wait=True)["ahead"]] == ["first"]
+    assert first.claim(want, "first", wait=True) == {"taken": {}, "ahead": []}
+    assert second.claim(want, "second", wait=True)["taken"][gpu_uuid]["run"] == "first"
+    first.release()
+    assert second.claim(want, "second", wait=True) == {"taken": {}, "ahead": []}
+    second.release()
+
+
+def test_a_dead_waiter_does_not_hold_the_queue(fake_gpus):
+    want = {fake_gpus.uuids()[1]: ["worker-0"]}
+    waiter = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, %r)\n"
+        "from tfcluster_agent import gpuclaims\n"
+        "h = gpuclaims.GpuClaims(); h.claim(%r, 'holder')\n"
+        "w = gpuclaims.GpuClaims(); print(w.claim(%r, 'dead', wait=True), flush=True)\n"
+        "time.sleep(600)") % (REPO, want, want)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert "'run': 'holder'" in waiter.stdout.readline()
+        assert [a["run"] for a in gpuclaims.GpuClaims().claim(want, "me")["ahead"]] == ["dead"]
+    finally:
+        waiter.send_signal(signal.SIGKILL)
+        waiter.wait()
+    claims = gpuclaims.GpuClaims()
+    assert claims.claim(want, "me") == {"taken": {}, "ahead": []}
+    claims.release()
+
+
+# ------------------------------------------------------------------ launches (local agents)
+
+def launch(inv, runs_dir, *extra, env=None, run_id=None):
+    argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd",
+            SHOW_GPUS, "-i", inv, "--plain"] + (["--run-id", run_id] if run_id else []) + list(extra)
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, **(env or {})))
+
+
+def running(runs_dir, run_id):
+    try:
+        return run_record(runs_dir, run_id)["state"] == "running"
+    except (AssertionError, OSError, ValueError):
+        return False
+
+
+def finish(proc, timeout=120):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow
+def test_launch_places_workers_around_busy_and_unhealthy_gpus(fake_gpus, tmp_path):
+    fake_gpus.use(0)
+    fake_gpus.set(3, ecc=1)
+    runs_dir = str(tmp_path / "runs")
+    code, out, err = finish(launch(inventory(tmp_path), runs_dir, "--success", "all_workers"))
+    assert code == 0, out + err
+    shown = sorted(line.split("gpus=")[1] for line in out.splitlines() if "gpus=" in line)
+    assert shown == ["1", "2"], out
+    assert all(gpuclaims.holder(u) is None for u in fake_gpus.uuids())
+
+
+@pytest.mark.slow
+def test_launch_refuses_listed_busy_and_unhealthy_gpus(fake_gpus, tmp_path):
+    pid = fake_gpus.use(0)
+    fake_gpus.set(1, ecc=5)
+    runs_dir = str(tmp_path / "runs")
+    inv = inventory(tmp_path, slot_vars={0: "tfcluster_gpus: [0]", 1: "tfcluster_gpus: [1]"})
+    code, out, err = finish(launch(inv, runs_dir))
+    assert code == 3, out + err
+    assert err.splitlines() == [
+        "tfcluster: error: preflight failed, nothing started:",
+        "  localhost: GPU 0 (tfcluster_gpus of worker0) is busy, used by pid %d (user %s: sleep "
+        "600), 10240 MiB: wait for it (`tfcluster launch --wait`), list another GPU, or share it "
+        "knowingly (--share-busy-gpus or tfcluster_gpu_share: true)" % (pid, gpuclaims.user_name()),
+        "  localhost: GPU 1 (tfcluster_gpus of worker1) is unhealthy: 5 uncorrectable ECC "
+        "error(s) (ecc.errors.uncorrected.volatile.total): replace the board or list another GPU "
+        "in tfcluster_gpus"]
+    assert "gpus=" not in out and not (os.path.exists(runs_dir) and os.listdir(runs_dir))
+    # Knowingly sharing the busy one; the failing one stays refused.
+    code, out, err = finish(launch(inv, runs_dir, "--share-busy-gpus"))
+    assert code == 3 and "GPU 0" not in err and "GPU 1" in err
+
+
+@pytest.mark.slow
+def test_second_run_refused_then_queued_and_started_when_the_first_ends(fake_gpus, tmp_path):
+    runs_dir = str(tmp_path / "runs")
+    base = free_port_block()
+    first = launch(inventory(tmp_path, workers=4, port_base=base), runs_dir, run_id="first",
+                   env={"FAKE_WORKER_%d" % i: "forever" for i in range(4)})
+    try:
+        wait_for(lambda: running(runs_dir, "first"), 90, "the first run to run")
+        assert {gpuclaims.holder(u)["run"] for u in fake_gpus.uuids()} == {"first"}
+        # Other ports: the GPUs alone stand in the way.
+        inv = inventory(tmp_path, workers=1, name="second.yml", port_base=base + 10)
+        code, out, err = finish(launch(inv, runs_dir, run_id="refused"))
+        assert code == 3, out + err
+        user = gpuclaims.user_name()
+        assert err.splitlines()[1] == (
+            "  localhost: no free GPU for worker:0: GPU 0 claimed by run first (user {0}, task "
+            "worker-0); GPU 1 claimed by run first (user {0}, task worker-1); GPU 2 claimed by "
+            "run first (user {0}, task worker-2); GPU 3 claimed by run first (user {0}, task "
+            "worker-3): wait for it (`tfcluster launch --wait`)".format(user)), err
+        waiting = launch(inv, runs_dir, "--wait", run_id="queued")
+        stopped = launch(inventory(tmp_path, workers=1, name="third.yml", port_base=base + 15),
+                         runs_dir, "--wait", run_id="stopped")
+        try:
+            wait_for(lambda: os.path.exists(os.path.join(runs_dir, "stopped", "run.json")), 60,
+                     "the third run to wait")
+            stop = tfcluster("stop", "stopped", runs_dir=runs_dir, check=0)
+            assert "it was waiting for GPUs; it stopped" in stop.stdout
+            code, out, err = finish(stopped)
+            assert code == 130 and not os.path.exists(os.path.join(runs_dir, "stopped"))
+            tfcluster("stop", "first", runs_dir=runs_dir, check=0)
+            code, out, err = finish(waiting)
+        finally:
+            waiting.kill()
+            stopped.kill()
+        assert code == 0, out + err
+        says = [line for line in out.splitlines() if "waits (--wait" in line]
+        assert len(says) == 1 and "GPU 0 claimed by run first" in says[0], out
+        assert "its GPUs and ports are free now, starting" in out
+        assert run_record(runs_dir, "queued")["state"] == "succeeded"
+    finally:
+        first.kill()
+    assert all(gpuclaims.holder(u) is None for u in fake_gpus.uuids())
+
+
+@pytest.mark.slow
+def test_claims_go_when_launcher_and_agent_are_killed(fake_gpus, tmp_path):
+    runs_dir = str(tmp_path / "runs")
+    first = launch(inventory(tmp_path), runs_dir, run_id="doomed",
+                   env={"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "forever"})
+    try:
+        wait_for(lambda: running(runs_dir, "doomed"), 90, "the run to run")
+        record = run_record(runs_dir, "doomed")
+        held = [u for u in fake_gpus.uuids() if gpuclaims.holder(u)]
+        assert len(held) == 4
+        agents = [pid for pid, cmd in processes_matching(str(tmp_path))
+                  if "tfcluster_agent/agent.py serve" in cmd]
+        assert agents
+        for pid in [first.pid] + agents:
+            os.kill(pid, signal.SIGKILL)
+        first.wait()
+        wait_for(lambda: stopped_by_lease(record), 60, "the tasks to stop after the lease")
+        wait_for(lambda: not any(gpuclaims.holder(u) for u in held), 30, "the claims to go")
+    finally:
+        first.kill()
+
+
+# ------------------------------------------------------------------ another Unix user (root)
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_a_claim_holds_against_another_unix_user(fake_gpus, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second Unix user")
+    user = "tfcgpu%d" % os.getpid()
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user], check=True)
+    try:
+        for path in (tmp_path, tmp_path / "gpus.json"):
+            os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
+        os.chmod(tmp_path.parent, 0o755)
+        os.chmod(tmp_path.parent.parent, 0o755)
+        gpu_uuid = fake_gpus.uuids()[2]
+        holder = gpuclaims.GpuClaims()
+        assert holder.claim({gpu_uuid: ["worker-0"]}, "roots-run")["taken"] == {}
+        probe = ("import sys; sys.path.insert(0, %r)\nfrom tfcluster_agent import gpuclaims\n"
+                 "c = gpuclaims.GpuClaims()\nprint(c.claim({%r: ['worker-0']}, 'theirs'))\n"
+                 "c.release()") % (REPO, gpu_uuid)
+        as_user = ["runuser", "-u", user, "--", sys.executable, "-c", probe]
+        out = subprocess.run(as_user, capture_output=True, text=True, timeout=60, cwd="/")
+        assert "'run': 'roots-run'" in out.stdout and "'user': 'root'" in out.stdout, out
+        holder.release()
+        out = subprocess.run(as_user, capture_output=True, text=True, timeout=60, cwd="/")
+        assert out.stdout.strip() == "{'taken': {}, 'ahead': []}", out
+        # ...and root's next claim opens the file the other user made or used.
+        again = gpuclaims.GpuClaims()
+        assert again.claim({gpu_uuid: ["worker-0"]}, "root-again")["taken"] == {}
+        again.release()
+    finally:
+        subprocess.run(["userdel", user], check=False)
