@@ -2,6 +2,7 @@
 `tfcluster gpus`. No GPU needed: tests/programs/nvidia-smi answers nvidia-smi's query interface
 from a state file each test writes (fresh GPU UUIDs each time, so claims never collide with
 another test session's)."""
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -17,7 +18,7 @@ import pytest
 from conftest import (REPO, free_port_block, local_inventory_text, pid_alive, processes_matching, run_record,
                       stop_leftovers, stopped_by_lease, tfcluster, wait_for)
 from tfcluster import gpus, gpuqueue
-from tfcluster.inventory import load_slots
+from tfcluster.inventory import Machine, Slot, load_slots
 from tfcluster.spec import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
 
@@ -88,6 +89,39 @@ def fake_gpus(tmp_path, monkeypatch):
     assert not leftovers, "processes of the test were still running: %s" % leftovers
 
 
+@pytest.fixture
+def smi_in_process(monkeypatch):
+    """The same fake, run in this process: the fast tests start no interpreter per query."""
+    import contextlib
+    import importlib.machinery
+    import importlib.util
+    import io
+    loader = importlib.machinery.SourceFileLoader("fake_nvidia_smi", FAKE_SMI)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    real_run = subprocess.run
+
+    def run(argv, **kwargs):
+        if os.path.basename(argv[0]) != "nvidia-smi":
+            return real_run(argv, **kwargs)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            try:
+                code = module.main(argv[1:])
+            except SystemExit as exit:
+                code = exit.code
+        return subprocess.CompletedProcess(argv, code, out.getvalue(), "")
+
+    monkeypatch.setattr(gpuinfo.subprocess, "run", run)
+
+
+def local_slots(count=2, gpus_listed=None, **machine):
+    """COUNT worker slots on one local machine, without reading an inventory (fast)."""
+    host = Machine(address=machine.pop("address", "localhost"), connection="local", **machine)
+    return [Slot("worker%d" % i, "worker", host, port_base=free_port_block(),
+                 gpus=(gpus_listed or {}).get(i)) for i in range(count)]
+
+
 def inventory(tmp_path, workers=2, extra="", slot_vars=None, name="hosts.yml", port_base=None):
     """A local inventory of WORKERS worker slots on localhost (SLOT_VARS: {index: "k: v"})."""
     text = local_inventory_text(str(tmp_path / "work"), ps=0, workers=workers, chief=0,
@@ -126,16 +160,16 @@ def test_facts_read_the_query_interface_and_proc(fake_gpus):
     assert third["name"] == "NVIDIA RTX A6000, rev. 2"
 
 
-def test_no_driver_means_no_gpu(fake_gpus, monkeypatch):
+def test_no_driver_means_no_gpu(fake_gpus, smi_in_process, monkeypatch):
     monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", "/nonexistent")
     assert gpuinfo.host_gpus() == {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}
     assert gpuinfo.host_gpus("/nonexistent/nvidia-smi")["gpus"] == []
 
 
-def test_assignment_skips_busy_and_unhealthy_gpus(fake_gpus, tmp_path):
+def test_assignment_skips_busy_and_unhealthy_gpus(fake_gpus, smi_in_process):
     fake_gpus.use(0)
     fake_gpus.set(3, ecc=2)
-    cluster = build_cluster(load_slots(inventory(tmp_path, workers=2)))
+    cluster = build_cluster(local_slots(2))
     reports = reports_for(cluster)
     assert gpus.problems(cluster, reports) == []
     assigned = gpus.assign(cluster, reports)
@@ -155,13 +189,13 @@ def test_assignment_skips_busy_and_unhealthy_gpus(fake_gpus, tmp_path):
     assert [t.cuda_visible_devices for t in shared.tasks] == ["0", "1"]
 
 
-def test_listed_busy_and_unhealthy_gpus_are_refused_one_line_each(fake_gpus, tmp_path):
+def test_listed_busy_and_unhealthy_gpus_are_refused_one_line_each(fake_gpus, smi_in_process,
+                                                                   tmp_path):
     pid = fake_gpus.use(0)
     fake_gpus.set(1, remap_failure="Yes")
     fake_gpus.set(2, ecc=3)
     fake_gpus.set(3, retired_pending="Yes")
-    cluster = build_cluster(load_slots(inventory(tmp_path, workers=2, slot_vars={
-        0: "tfcluster_gpus: [0, 1]", 1: "tfcluster_gpus: [2, 3]"})), task_per_gpu=False)
+    cluster = build_cluster(local_slots(2, {0: (0, 1), 1: (2, 3)}), task_per_gpu=False)
     problems = gpus.problems(cluster, reports_for(cluster))
     user = gpuclaims.user_name()
     assert problems == [
@@ -182,18 +216,15 @@ def test_listed_busy_and_unhealthy_gpus_are_refused_one_line_each(fake_gpus, tmp
     assert gpus.problems(shared, reports_for(shared)) == []
 
 
-def test_fewer_gpus_than_the_inventory_says_and_differing_drivers(fake_gpus, tmp_path):
-    cluster = build_cluster(load_slots(inventory(tmp_path, workers=1,
-                                                 slot_vars={0: "tfcluster_gpu_count: 8"})))
+def test_fewer_gpus_than_the_inventory_says_and_differing_drivers(fake_gpus, smi_in_process):
+    cluster = build_cluster(local_slots(1, gpu_count=8))
     reports = reports_for(cluster)
     assert gpus.problems(cluster, reports) == [
         "localhost: nvidia-smi shows 4 GPU(s) but tfcluster_gpu_count says 8: check the host "
         "(nvidia-smi -L; a board may have fallen off the bus) or fix tfcluster_gpu_count"]
     assert gpus.warnings(cluster, reports) == []
-    with open(inventory(tmp_path, workers=2)) as handle:
-        (tmp_path / "two.yml").write_text(handle.read().replace(
-            "worker1: {ansible_host: localhost}", "worker1: {ansible_host: 127.0.0.1}"))
-    two = build_cluster(load_slots(str(tmp_path / "two.yml")))
+    two = build_cluster(local_slots(1) + [dataclasses.replace(local_slots(1, address="127.0.0.1")[0],
+                                                            name="worker1")])
     reports = reports_for(two)
     other = [m for m, _ in two.machines()][1]
     reports[other.key]["gpu_facts"] = dict(reports[other.key]["gpu_facts"], driver="535.183.01")
