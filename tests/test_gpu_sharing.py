@@ -21,6 +21,7 @@ from tfcluster import gpus, gpuqueue
 from tfcluster.inventory import Machine, Slot, load_slots
 from tfcluster.spec import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
+from tfcluster_agent import protocol as P
 
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
 FAKE_TASK = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
@@ -459,33 +460,127 @@ def test_claims_go_when_launcher_and_agent_are_killed(fake_gpus, tmp_path):
 
 # ------------------------------------------------------------------ another Unix user (root)
 
+class AgentAs:
+    """tfcluster's agent run as another Unix user (runuser), spoken to over its pipes: the host
+    side of that user's launch. (That user cannot run this checkout's controller: its
+    interpreter lives under /root. The agent is standard library only: /usr/bin/python3.)"""
+
+    def __init__(self, user, env):
+        self.proc = subprocess.Popen(
+            ["runuser", "-u", user, "--", "env", "PATH=/usr/bin:/bin"] +
+            ["%s=%s" % item for item in env.items()] +
+            ["/usr/bin/python3", os.path.join(REPO, "tfcluster_agent", "agent.py"), "serve"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+        assert self.answer("hello")
+
+    def answer(self, kind):
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, "the agent ended"
+            msg = P.decode(line)
+            if msg.kind in (kind, "error"):
+                return msg
+
+    def ask(self, msg):
+        self.proc.stdin.write(P.encode(msg))
+        self.proc.stdin.flush()
+        reply = self.answer("report")
+        assert reply.kind == "report", reply
+        return reply.report
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
 @pytest.mark.root
 @pytest.mark.slow
-def test_a_claim_holds_against_another_unix_user(fake_gpus, tmp_path):
+def test_a_claim_holds_against_another_unix_user(tmp_path, monkeypatch):
+    """Root's run holds GPUs 0-1; another user's agent sees them held and is refused, naming
+    the run and root; once the run ends that user claims them (root's lock files) and a GPU
+    no one claimed before (its own file), which root can claim in turn."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create a second Unix user")
+    import tempfile
     user = "tfcgpu%d" % os.getpid()
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", user], check=True)
+    shared = tempfile.mkdtemp(prefix="tfc-gpu-users-")  # the state file, readable by both
+    os.chmod(shared, 0o755)
+    fake = FakeGpus(os.path.join(shared, "gpus.json"), count=3)
+    os.chmod(fake.path, 0o644)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(FAKE_SMI, bin_dir / "nvidia-smi")
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", fake.path)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", user],
+                   check=True)
+    runs_dir = str(tmp_path / "runs")
+    first = agent = None
     try:
-        for path in (tmp_path, tmp_path / "gpus.json"):
-            os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
-        os.chmod(tmp_path.parent, 0o755)
-        os.chmod(tmp_path.parent.parent, 0o755)
-        gpu_uuid = fake_gpus.uuids()[2]
-        holder = gpuclaims.GpuClaims()
-        assert holder.claim({gpu_uuid: ["worker-0"]}, "roots-run")["taken"] == {}
-        probe = ("import sys; sys.path.insert(0, %r)\nfrom tfcluster_agent import gpuclaims\n"
-                 "c = gpuclaims.GpuClaims()\nprint(c.claim({%r: ['worker-0']}, 'theirs'))\n"
-                 "c.release()") % (REPO, gpu_uuid)
-        as_user = ["runuser", "-u", user, "--", sys.executable, "-c", probe]
-        out = subprocess.run(as_user, capture_output=True, text=True, timeout=60, cwd="/")
-        assert "'run': 'roots-run'" in out.stdout and "'user': 'root'" in out.stdout, out
-        holder.release()
-        out = subprocess.run(as_user, capture_output=True, text=True, timeout=60, cwd="/")
-        assert out.stdout.strip() == "{'taken': {}, 'ahead': []}", out
-        # ...and root's next claim opens the file the other user made or used.
-        again = gpuclaims.GpuClaims()
-        assert again.claim({gpu_uuid: ["worker-0"]}, "root-again")["taken"] == {}
-        again.release()
+        first = launch(inventory(tmp_path, workers=2, slot_vars={0: "tfcluster_gpus: [0]",
+                                                                 1: "tfcluster_gpus: [1]"}),
+                       runs_dir, run_id="roots-run",
+                       env={"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "forever"})
+        wait_for(lambda: running(runs_dir, "roots-run"), 90, "root's run to run")
+        agent = AgentAs(user, fake.env())
+        report = agent.ask(P.Preflight(python="/usr/bin/python3", ports=[], code_dir=REPO,
+                                       nvidia_smi=FAKE_SMI))
+        facts = report["gpu_facts"]["gpus"]
+        assert [(g["claim"] or {}).get("user") for g in facts] == ["root", "root", None]
+        machine = Machine(address="localhost", connection="local")
+        cluster = build_cluster([Slot("w0", "worker", machine, port_base=free_port_block(),
+                                      gpus=(0,))])
+        assert gpus.problems(cluster, {machine.key: report}) == [
+            "localhost: GPU 0 (tfcluster_gpus of w0) is claimed by run roots-run (user root, "
+            "task worker-0): wait for it (`tfcluster launch --wait`), list another GPU"]
+        taken = agent.ask(P.ClaimGpus(run="theirs", gpus={facts[1]["uuid"]: ["worker-0"]}))
+        assert taken["taken"][facts[1]["uuid"]]["user"] == "root"
+        tfcluster("stop", "roots-run", runs_dir=runs_dir, check=0)
+        first.wait(60)
+        everything = {g["uuid"]: ["worker-0"] for g in facts}
+        assert agent.ask(P.ClaimGpus(run="theirs", gpus=everything)) == {"taken": {},
+                                                                          "ahead": []}
+        mine = gpuclaims.GpuClaims().claim(everything, "root-again")
+        assert set(mine["taken"]) == set(everything)
+        assert {h["user"] for h in mine["taken"].values()} == {user}
+        agent.close()
+        agent = None
+        fresh = os.stat(gpuclaims.claim_path(facts[2]["uuid"]))
+        assert pwd_name(fresh.st_uid) == user and stat.S_IMODE(fresh.st_mode) == 0o666
+        claims = gpuclaims.GpuClaims()
+        assert claims.claim(everything, "root-again") == {"taken": {}, "ahead": []}
+        claims.release()
     finally:
+        if agent is not None:
+            agent.proc.stdin.close()  # the agent ends when its controller leaves
+            try:
+                agent.proc.wait(30)
+            finally:
+                agent.proc.kill()
+        for pid in processes_of(user):
+            os.kill(pid, signal.SIGKILL)
+        if first is not None:
+            first.kill()
+        fake.close()
+        stop_leftovers(str(tmp_path))
         subprocess.run(["userdel", user], check=False)
+        import shutil
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def processes_of(user):
+    import pwd
+    uid = pwd.getpwnam(user).pw_uid
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and stat_uid(p) == uid]
+
+
+def stat_uid(pid):
+    try:
+        return os.stat("/proc/" + pid).st_uid
+    except OSError:
+        return None
+
+
+def pwd_name(uid):
+    import pwd
+    return pwd.getpwuid(uid).pw_name
