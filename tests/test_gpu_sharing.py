@@ -584,3 +584,93 @@ def stat_uid(pid):
 def pwd_name(uid):
     import pwd
     return pwd.getpwuid(uid).pw_name
+
+
+# ------------------------------------------------------------------ tfcluster gpus
+
+def table_rows(text):
+    """The table's rows, each split on runs of 2+ spaces."""
+    import re
+    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()
+            if line.strip() and not line.startswith(("\033", "HOST"))]
+
+
+@pytest.mark.slow
+def test_gpus_table_and_watch(fake_gpus, tmp_path):
+    pid = fake_gpus.use(1, mib=2048)
+    fake_gpus.set(2, retired_pending="Yes", utilization=55)
+    holder = gpuclaims.GpuClaims()
+    holder.claim({fake_gpus.uuids()[3]: ["worker-1"]}, "20261125-demo")
+    try:
+        proc = tfcluster("gpus", "-i", inventory(tmp_path), check=0)
+        assert table_rows(proc.stdout) == [
+            ["localhost", "0", "NVIDIA A100-SXM4-80GB", "1/81920", "0%", "ok", "free"],
+            ["localhost", "1", "NVIDIA A100-SXM4-80GB", "2049/81920", "0%", "ok",
+             "pid %d %s sleep 600" % (pid, gpuclaims.user_name())],
+            ["localhost", "2", "NVIDIA A100-SXM4-80GB", "1/81920", "55%",
+             "FAILING: retired pages pending", "free"],
+            ["localhost", "3", "NVIDIA A100-SXM4-80GB", "1/81920", "0%", "ok",
+             "run 20261125-demo task worker-1 (user %s)" % gpuclaims.user_name()]]
+        watch = subprocess.Popen([sys.executable, "-m", "tfcluster", "gpus", "-i",
+                                  inventory(tmp_path), "--watch", "0.2"], cwd=REPO,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            seen = []
+            while len([line for line in seen if line.startswith("\033[H\033[J")]) < 3:
+                line = watch.stdout.readline()
+                assert line, "--watch ended by itself"
+                seen.append(line)
+            holder.release()
+
+            def gpu3_free():  # the next line of the refreshing table
+                line = watch.stdout.readline()
+                return line.startswith("localhost  3 ") and line.rstrip().endswith("free")
+
+            wait_for(gpu3_free, 30, "GPU 3 to show free once its claim is released", interval=0)
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(30) == 0
+        finally:
+            watch.kill()
+    finally:
+        holder.release()
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_gpus_table_on_the_test_hosts(testhosts, tmp_path):
+    """Each test host answers with its own GPUs (the fake nvidia-smi picks its state file by
+    host name); the controller's one table holds them all."""
+    hosts = testhosts.hosts[:3]
+    states = tmp_path / "states"
+    states.mkdir()
+    fakes = {name: FakeGpus(states / ("%s.json" % name), count=count)
+             for (name, _), count in zip(hosts, (2, 1))}  # the third host has no driver
+    wrapper = tmp_path / "nvidia-smi"
+    wrapper.write_text('#!/bin/sh\nFAKE_NVIDIA_SMI_STATE=%s/$(hostname).json exec '
+                       '/usr/bin/python3 %s "$@"\n' % (states, FAKE_SMI))
+    wrapper.chmod(0o755)
+    (first, _), (second, _), (third, _) = hosts
+    pid = fakes[first].use(1, mib=4096)
+    fakes[second].set(0, ecc=7)
+    lines = ["all:", "  vars:", "    ansible_user: root",
+             "    ansible_ssh_private_key_file: %s" % testhosts.key,
+             "    tfcluster_known_hosts: %s" % testhosts.known_hosts,
+             "    tfcluster_root: %s" % REPO, "    tfcluster_python: %s" % sys.executable,
+             "    tfcluster_nvidia_smi: %s" % wrapper,
+             "  children:", "    worker:", "      hosts:"]
+    lines += ["        %s: {ansible_host: %s}" % host for host in hosts]
+    inv = tmp_path / "gpus.yml"
+    inv.write_text("\n".join(lines) + "\n")
+    try:
+        proc = tfcluster("gpus", "-i", str(inv), check=0)
+    finally:
+        for fake in fakes.values():
+            fake.close()
+    addresses = dict(hosts)
+    assert table_rows(proc.stdout) == [
+        [addresses[first], "0", "NVIDIA A100-SXM4-80GB", "1/81920", "0%", "ok", "free"],
+        [addresses[first], "1", "NVIDIA A100-SXM4-80GB", "4097/81920", "0%", "ok",
+         "pid %d root sleep 600" % pid],
+        [addresses[second], "0", "NVIDIA A100-SXM4-80GB", "1/81920", "0%",
+         "FAILING: ECC errors: 7", "free"],
+        [addresses[third], "-", "no GPU (nvidia-smi did not answer)"]], proc.stdout

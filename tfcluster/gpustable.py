@@ -88,7 +88,8 @@ def show(slots, inventory, watch=None, out=None):
             table = rows(machines, query(hosts, machines))
             text = render(table)
             if watch:
-                out.write(CLEAR + time.strftime("%H:%M:%S  every %gs, Ctrl-C ends\n" % watch))
+                out.write("%s%s  every %gs, Ctrl-C ends\n" % (CLEAR, time.strftime("%H:%M:%S"),
+                                                               watch))
             out.write(text + "\n")
             out.flush()
             if not watch:
