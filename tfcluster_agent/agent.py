@@ -124,7 +124,8 @@ class Agent:
             self.claims.release(keep=before)
             self.gpu_claims.release()
             raise
-        self.gpu_claims.release()  # the tasks' supervisors hold theirs now
+        # The agent keeps the GPU claims for the run's life (a restarted task finds its GPUs
+        # still its own); each task's supervisor holds its own too, for a detached run.
         self.send(P.Accepted())
 
     def _start(self, msg):
