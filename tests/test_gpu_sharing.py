@@ -411,25 +411,47 @@ def test_second_run_refused_then_queued_and_started_when_the_first_ends(fake_gpu
             "worker-0); GPU 1 claimed by run first (user {0}, task worker-1); GPU 2 claimed by "
             "run first (user {0}, task worker-2); GPU 3 claimed by run first (user {0}, task "
             "worker-3): wait for it (`tfcluster launch --wait`)".format(user)), err
-        waiting = launch(inv, runs_dir, "--wait", run_id="queued")
-        stopped = launch(inventory(tmp_path, workers=1, name="third.yml", port_base=base + 15),
-                         runs_dir, "--wait", run_id="stopped")
+        # Four runs wait, in this order: queued and later both for GPU 0, stopped and
+        # interrupted for any; the last two give up.
+        def waiter(run_id, port, listed=None):
+            proc = launch(inventory(tmp_path, workers=1, name=run_id + ".yml", port_base=port,
+                                    slot_vars={0: listed} if listed else None),
+                          runs_dir, "--wait", run_id=run_id)
+            wait_for(lambda: os.path.exists(os.path.join(runs_dir, run_id, "run.json")), 90,
+                     "%s to wait" % run_id)
+            return proc
+
+        procs = []
         try:
-            wait_for(lambda: os.path.exists(os.path.join(runs_dir, "stopped", "run.json")), 60,
-                     "the third run to wait")
+            for run_id, port, listed in (("queued", base + 11, "tfcluster_gpus: [0]"),
+                                         ("later", base + 12, "tfcluster_gpus: [0]"),
+                                         ("stopped", base + 13, None),
+                                         ("interrupted", base + 14, None)):
+                procs.append(waiter(run_id, port, listed))
+            queued, later, stopped, interrupted = procs
             stop = tfcluster("stop", "stopped", runs_dir=runs_dir, check=0)
             assert "it was waiting for GPUs; it stopped" in stop.stdout
-            code, out, err = finish(stopped)
-            assert code == 130 and not os.path.exists(os.path.join(runs_dir, "stopped"))
+            interrupted.send_signal(signal.SIGINT)
+            for proc, run_id in ((stopped, "stopped"), (interrupted, "interrupted")):
+                code, out, err = finish(proc)
+                assert code == 130 and not os.path.exists(os.path.join(runs_dir, run_id)), err
             tfcluster("stop", "first", runs_dir=runs_dir, check=0)
-            code, out, err = finish(waiting)
+            code, out, err = finish(queued)
+            assert code == 0, out + err
+            says = [line for line in out.splitlines() if "waits (--wait" in line]
+            assert len(says) == 1 and "GPU 0 (tfcluster_gpus of worker0) is claimed by run " \
+                "first" in says[0], out
+            assert "its GPUs and ports are free now, starting" in out
+            code, later_out, err = finish(later)
+            assert code == 0, later_out + err
+            # It waited behind queued: first in the queue, then for queued's claim.
+            assert "1 run(s) wait for its GPUs before this one (run queued" in later_out or \
+                "is claimed by run queued" in later_out, later_out
+            assert run_record(runs_dir, "later")["started"] >= run_record(runs_dir,
+                                                                           "queued")["ended"]
         finally:
-            waiting.kill()
-            stopped.kill()
-        assert code == 0, out + err
-        says = [line for line in out.splitlines() if "waits (--wait" in line]
-        assert len(says) == 1 and "GPU 0 claimed by run first" in says[0], out
-        assert "its GPUs and ports are free now, starting" in out
+            for proc in procs:
+                proc.kill()
         assert run_record(runs_dir, "queued")["state"] == "succeeded"
     finally:
         first.kill()

@@ -47,6 +47,15 @@ def claim(hosts, cluster, reports, run_id, wait=False):
     return found
 
 
+def join_queues(hosts, cluster, reports, run_id):
+    """Take (or keep) this waiting run's place in the queue of every host whose GPUs it needs,
+    before they are free: the runs waiting on a host start in the order they began waiting."""
+    machines = [m for m, tasks in cluster.machines() if gpus.reported(reports, m) and any(
+        t.gpus_listed or t.job in gpus.TRAINING_JOBS for t in tasks)]
+    hosts.each(lambda link: link.request(P.ClaimGpus(run=run_id, gpus={}, wait=True),
+                                         timeout=30), machines, timeout=40)
+
+
 def hand_claims(specs, cluster, reports):
     """Name each task's GPUs in its spec: its supervisor holds their claims until it ends."""
     for task in cluster.tasks:
@@ -80,6 +89,8 @@ def secure(launch, run_preflight, print_table):
     try:
         while True:
             reports, problems = run_preflight()
+            if wait:
+                join_queues(launch.hosts, launch.cluster, reports, launch.run_id)
             problems += gpus.problems(launch.cluster, reports, share)
             assigned = None
             if not problems:

@@ -132,8 +132,10 @@ class GpuClaims:
 
         Returns {"taken": {uuid: holder label}, "ahead": [labels of runs queued before us]}; both
         empty when the claim is ours. WAIT puts this run in the host's queue until it gets them."""
+        for uuid in set(self.held) - set(wanted):  # a new plan replaces the last one
+            os.close(self.held.pop(uuid))
         ahead = self.queue_ahead(run, wait)
-        if ahead:
+        if ahead or not wanted:  # nothing wanted: WAIT only takes (or keeps) our place
             return {"taken": {}, "ahead": ahead}
         new, taken = [], {}
         for uuid in sorted(wanted):
