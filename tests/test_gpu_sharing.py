@@ -696,3 +696,34 @@ def test_gpus_table_on_the_test_hosts(testhosts, tmp_path):
         [addresses[second], "0", "NVIDIA A100-SXM4-80GB", "1/81920", "0%",
          "FAILING: ECC errors: 7", "free"],
         [addresses[third], "-", "no GPU (nvidia-smi did not answer)"]], proc.stdout
+
+
+@pytest.mark.slow
+def test_check_reports_missing_gpus_and_differing_drivers(fake_gpus, tmp_path):
+    """Two machines (localhost, 127.0.0.1), each with its own nvidia-smi (a wrapper picking a
+    state file): one shows fewer GPUs than tfcluster_gpu_count, their drivers differ."""
+    other = FakeGpus(tmp_path / "other.json", count=1)
+    other.state["driver"] = "535.183.01"
+    other.save()
+    wrapper = tmp_path / "other-smi"
+    wrapper.write_text('#!/bin/sh\nFAKE_NVIDIA_SMI_STATE=%s exec %s "$@"\n' % (other.path,
+                                                                             FAKE_SMI))
+    wrapper.chmod(0o755)
+    inv = inventory(tmp_path, workers=2, slot_vars={
+        1: "tfcluster_nvidia_smi: %s, tfcluster_gpu_count: 2" % wrapper})
+    with open(inv) as handle:
+        text = handle.read().replace("worker1: {ansible_host: localhost", "worker1: {ansible_host: "
+                                     "127.0.0.1")
+    with open(inv, "w") as handle:
+        handle.write(text)
+    try:
+        proc = tfcluster("check", "-i", inv)
+    finally:
+        other.close()
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "tfcluster: warning: NVIDIA driver versions differ (localhost=550.54.15, " \
+        "127.0.0.1=535.183.01)" in proc.stdout + proc.stderr
+    assert proc.stderr.strip().endswith(
+        "127.0.0.1: nvidia-smi shows 1 GPU(s) but tfcluster_gpu_count says 2: check the host "
+        "(nvidia-smi -L; a board may have fallen off the bus) or fix tfcluster_gpu_count"), \
+        proc.stderr
