@@ -15,9 +15,9 @@ import uuid
 
 import pytest
 
-from conftest import (REPO, free_port_block, local_inventory_text, pid_alive, processes_matching, run_record,
+from conftest import (REPO, free_port_block, local_inventory_text, processes_matching, run_record,
                       stop_leftovers, stopped_by_lease, tfcluster, wait_for)
-from tfcluster import gpus, gpuqueue
+from tfcluster import gpus
 from tfcluster.inventory import Machine, Slot, load_slots
 from tfcluster.spec import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
@@ -224,8 +224,8 @@ def test_fewer_gpus_than_the_inventory_says_and_differing_drivers(fake_gpus, smi
         "localhost: nvidia-smi shows 4 GPU(s) but tfcluster_gpu_count says 8: check the host "
         "(nvidia-smi -L; a board may have fallen off the bus) or fix tfcluster_gpu_count"]
     assert gpus.warnings(cluster, reports) == []
-    two = build_cluster(local_slots(1) + [dataclasses.replace(local_slots(1, address="127.0.0.1")[0],
-                                                            name="worker1")])
+    remote = local_slots(1, address="127.0.0.1")[0]
+    two = build_cluster(local_slots(1) + [dataclasses.replace(remote, name="worker1")])
     reports = reports_for(two)
     other = [m for m, _ in two.machines()][1]
     reports[other.key]["gpu_facts"] = dict(reports[other.key]["gpu_facts"], driver="535.183.01")
@@ -338,7 +338,8 @@ def test_a_dead_waiter_does_not_hold_the_queue(fake_gpus):
 
 def launch(inv, runs_dir, *extra, env=None, run_id=None):
     argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd",
-            SHOW_GPUS, "-i", inv, "--plain"] + (["--run-id", run_id] if run_id else []) + list(extra)
+            SHOW_GPUS, "-i", inv, "--plain"] + (["--run-id", run_id] if run_id else [])
+    argv += list(extra)
     return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=dict(os.environ, **(env or {})))
 
@@ -444,9 +445,8 @@ def test_second_run_refused_then_queued_and_started_when_the_first_ends(fake_gpu
             assert "its GPUs and ports are free now, starting" in out
             code, later_out, err = finish(later)
             assert code == 0, later_out + err
-            # It waited behind queued: first in the queue, then for queued's claim.
-            assert "1 run(s) wait for its GPUs before this one (run queued" in later_out or \
-                "is claimed by run queued" in later_out, later_out
+            # It waited behind queued, which began waiting first, for the same GPU.
+            assert "1 run(s) wait for its GPUs before this one (run queued" in later_out
             assert run_record(runs_dir, "later")["started"] >= run_record(runs_dir,
                                                                            "queued")["ended"]
         finally:
@@ -456,6 +456,9 @@ def test_second_run_refused_then_queued_and_started_when_the_first_ends(fake_gpu
     finally:
         first.kill()
     assert all(gpuclaims.holder(u) is None for u in fake_gpus.uuids())
+    # No waiter is left in the queue either: a new run is ahead of nobody of ours.
+    left = gpuclaims.GpuClaims().queue_ahead("check", wait=False)
+    assert not [a for a in left if a.get("run") in ("queued", "later", "stopped", "interrupted")]
 
 
 @pytest.mark.slow

@@ -18,29 +18,8 @@ def claim(hosts, cluster, reports, run_id, wait=False):
     """Claim every assigned GPU on every host, all or none; [] or the GpuProblems why not."""
     plan = gpus.claim_plan(cluster, reports)
     machines = [m for m, _ in cluster.machines() if m.key in plan]
-
-    def ask(link):
-        return link.request(P.ClaimGpus(run=run_id, gpus=plan[link.machine.key], wait=wait),
-                            timeout=30, what="to claim its GPUs").report
-
-    outcomes = hosts.each(ask, machines, timeout=40)
-    found = []
-    for machine in machines:
-        answer = outcomes[machine.key]
-        if isinstance(answer, Exception):
-            found.append(gpus.GpuProblem("%s: cannot claim its GPUs: %s" % (
-                machine.label, answer.reason if isinstance(answer, HostError) else answer)))
-            continue
-        index = {g["uuid"]: i for i, g in gpus.facts(reports, machine).items()}
-        for uuid, holder in sorted(answer["taken"].items(), key=lambda item: index.get(item[0])):
-            found.append(gpus.GpuProblem("%s: GPU %s is claimed by %s: %s" % (
-                machine.label, index.get(uuid, uuid), gpus.describe_claim(holder),
-                gpus.WAIT_HINT), True))
-        if answer["ahead"]:
-            found.append(gpus.GpuProblem("%s: %d run(s) wait for its GPUs before this one (%s): "
-                                         "%s" % (machine.label, len(answer["ahead"]), ", ".join(
-                                             gpus.describe_claim(a) for a in answer["ahead"]),
-                                             gpus.WAIT_HINT), True))
+    found = answers(hosts, machines, lambda link: P.ClaimGpus(
+        run=run_id, gpus=plan[link.machine.key], wait=wait), reports)
     if found:  # all or none: what some hosts gave us goes back (our queue places stay)
         hosts.each(lambda link: link.request(P.ClaimGpus(run=run_id, gpus={}, wait=wait),
                                              timeout=30), machines, timeout=40)
@@ -52,8 +31,36 @@ def join_queues(hosts, cluster, reports, run_id):
     before they are free: the runs waiting on a host start in the order they began waiting."""
     machines = [m for m, tasks in cluster.machines() if gpus.reported(reports, m) and any(
         t.gpus_listed or t.job in gpus.TRAINING_JOBS for t in tasks)]
-    hosts.each(lambda link: link.request(P.ClaimGpus(run=run_id, gpus={}, wait=True),
-                                         timeout=30), machines, timeout=40)
+    return answers(hosts, machines, lambda link: P.ClaimGpus(run=run_id, gpus={}, wait=True),
+                   reports)
+
+
+def answers(hosts, machines, message, reports):
+    """Send MESSAGE(link) (a ClaimGpus) to every machine at once; the GpuProblems of the
+    answers: GPUs another run holds, runs ahead in the queue, hosts that did not answer."""
+    def ask(link):
+        return link.request(message(link), timeout=30, what="to claim its GPUs").report
+
+    outcomes = hosts.each(ask, machines, timeout=40)
+    found = []
+    for machine in machines:
+        answer = outcomes[machine.key]
+        if isinstance(answer, Exception):
+            found.append(gpus.GpuProblem("%s: cannot claim its GPUs: %s" % (
+                machine.label, answer.reason if isinstance(answer, HostError) else answer)))
+            continue
+        index = {g["uuid"]: i for i, g in gpus.facts(reports, machine).items()}
+        taken = sorted(answer["taken"].items(), key=lambda item: index.get(item[0], -1))
+        for uuid, holder in taken:
+            found.append(gpus.GpuProblem("%s: GPU %s is claimed by %s: %s" % (
+                machine.label, index.get(uuid, uuid), gpus.describe_claim(holder),
+                gpus.WAIT_HINT), True))
+        if answer["ahead"]:
+            found.append(gpus.GpuProblem("%s: %d run(s) wait for its GPUs before this one (%s): "
+                                         "%s" % (machine.label, len(answer["ahead"]), ", ".join(
+                                             gpus.describe_claim(a) for a in answer["ahead"]),
+                                             gpus.WAIT_HINT), True))
+    return found
 
 
 def hand_claims(specs, cluster, reports):
@@ -89,9 +96,9 @@ def secure(launch, run_preflight, print_table):
     try:
         while True:
             reports, problems = run_preflight()
-            if wait:
-                join_queues(launch.hosts, launch.cluster, reports, launch.run_id)
             problems += gpus.problems(launch.cluster, reports, share)
+            if wait:
+                problems += join_queues(launch.hosts, launch.cluster, reports, launch.run_id)
             assigned = None
             if not problems:
                 assigned = gpus.assign(launch.cluster, reports, share)

@@ -22,6 +22,7 @@ import os
 import pwd
 import re
 import socket
+import stat
 import time
 
 CLAIMS_DIR = os.environ.get("TFCLUSTER_GPU_CLAIMS_DIR", "/var/tmp/tfcluster-gpu-claims")
@@ -39,7 +40,8 @@ def user_name():
 
 
 def shared_dir(*parts):
-    """CLAIMS_DIR (or a folder in it), created world-writable and sticky when missing."""
+    """CLAIMS_DIR (or a folder in it), created world-writable and sticky when missing; an
+    OSError when what is there is no such folder (a symlink someone planted, say)."""
     path = CLAIMS_DIR
     for part in ("",) + parts:
         path = os.path.join(path, part) if part else path
@@ -47,7 +49,9 @@ def shared_dir(*parts):
             os.mkdir(path, 0o700)
             os.chmod(path, 0o1777)  # after mkdir: the umask must not narrow it
         except FileExistsError:
-            pass
+            found = os.lstat(path)
+            if not stat.S_ISDIR(found.st_mode) or not found.st_mode & stat.S_ISVTX:
+                raise OSError(errno.EPERM, "%s is not a sticky folder: remove it" % path)
     return path
 
 
@@ -72,10 +76,12 @@ def claim_path(uuid):
 
 
 def read_label(fd):
+    """The label in a lock file (anyone may write one: only a dict of strings is believed)."""
     try:
-        return json.loads(os.pread(fd, LABEL_BYTES, 0).decode(errors="replace") or "{}")
+        found = json.loads(os.pread(fd, LABEL_BYTES, 0).decode(errors="replace") or "{}")
     except ValueError:
         return {}
+    return {k: str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def write_label(fd, label):
@@ -164,6 +170,7 @@ class GpuClaims:
             name = "%020d-%d-%s" % (time.time_ns(), os.getpid(), SAFE.sub("_", run))
             path = os.path.join(folder, name)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            os.fchmod(fd, 0o644)  # other users' runs read it, whatever our umask
             fcntl.flock(fd, fcntl.LOCK_EX)
             write_label(fd, label(run))
             self.ticket = (path, fd)

@@ -131,8 +131,8 @@ def host_gpus(nvidia_smi="nvidia-smi", own_claims=()):
         gpu["processes"].append({"pid": pid, "used_memory": number(used), "user": user,
                                  "command": command})
     drivers.discard(None)
-    return {"driver": ",".join(sorted(drivers)) or None, "gpus": sorted(gpus, key=lambda g: g["index"]),
-            "error": None}
+    return {"driver": ",".join(sorted(drivers)) or None,
+            "gpus": sorted(gpus, key=lambda g: g["index"]), "error": None}
 
 
 def smi_lines(facts):

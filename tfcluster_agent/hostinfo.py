@@ -181,8 +181,14 @@ def preflight_report(python, ports, code_dir, cache_dir=None, datasets=(), nvidi
     report = {"hostname": socket.gethostname(), "cpus": os.cpu_count() or 1,
               "agent_python": sys.executable}
     # The GPU query (nvidia-smi can take seconds) runs while the interpreter is checked.
-    gpu_query = threading.Thread(target=lambda: report.update(
-        gpu_facts=gpuinfo.host_gpus(nvidia_smi, own_gpu_claims)))
+    def query_gpus():
+        try:
+            report["gpu_facts"] = gpuinfo.host_gpus(nvidia_smi, own_gpu_claims)
+        except Exception as err:  # a preflight answers whatever the GPUs say
+            report["gpu_facts"] = {"driver": None, "gpus": [], "error": "GPU query failed: %r"
+                                   % err}
+
+    gpu_query = threading.Thread(target=query_gpus)
     gpu_query.start()
     report.update(python_report(python, cache_dir))
     report["ports"] = {str(p): port_is_free(int(p)) for p in ports}
