@@ -620,6 +620,19 @@ def table_rows(text):
             if line.strip() and not line.startswith(("\033", "HOST"))]
 
 
+def test_gpus_table_rows_for_unreachable_and_gpu_less_hosts():
+    from tfcluster import gpustable
+    from tfcluster.hosts import HostError
+    down, bare = Machine(address="gpu07"), Machine(address="cpu01")
+    table = gpustable.rows([down, bare], {
+        down.key: HostError(down, "cannot connect: timed out"),
+        bare.key: {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}})
+    text = gpustable.render(table)
+    assert text.splitlines()[1].startswith("gpu07  -    unreachable:")
+    assert "cannot connect: timed out" in text.splitlines()[1]
+    assert text.splitlines()[2].startswith("cpu01  -    no GPU (nvidia-smi did not answer)")
+
+
 @pytest.mark.slow
 def test_gpus_table_and_watch(fake_gpus, tmp_path):
     pid = fake_gpus.use(1, mib=2048)

@@ -104,6 +104,7 @@ def secure(launch, run_preflight, print_table):
                 assigned = gpus.assign(launch.cluster, reports, share)
                 problems = claim(launch.hosts, assigned, reports, launch.run_id, wait)
             if not problems:
+                launch.record.data.pop("waiting", None)
                 if said is not None:
                     launch.reporter.note("run %s: its GPUs and ports are free now, starting"
                                          % launch.run_id)

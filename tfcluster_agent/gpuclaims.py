@@ -25,7 +25,7 @@ import socket
 import stat
 import time
 
-CLAIMS_DIR = os.environ.get("TFCLUSTER_GPU_CLAIMS_DIR", "/var/tmp/tfcluster-gpu-claims")
+CLAIMS_DIR = "/var/tmp/tfcluster-gpu-claims"
 SAFE = re.compile(r"[^A-Za-z0-9._-]")
 # A probe takes a shared lock for an instant: a claim that meets one tries again a few times.
 CLAIM_TRIES = 20
