@@ -743,3 +743,39 @@ def test_check_reports_missing_gpus_and_differing_drivers(fake_gpus, tmp_path):
         "127.0.0.1: nvidia-smi shows 1 GPU(s) but tfcluster_gpu_count says 2: check the host "
         "(nvidia-smi -L; a board may have fallen off the bus) or fix tfcluster_gpu_count"), \
         proc.stderr
+
+
+@pytest.mark.slow
+def test_three_launches_at_once_one_gets_the_free_gpus(fake_gpus, tmp_path):
+    """Two healthy GPUs, three launches started together, each wanting every free GPU (one
+    task per machine sees all of them): exactly one run gets them, the others are refused
+    naming it (a run that loses the claim race places itself again and finds them claimed)."""
+    fake_gpus.set(2, ecc=1)
+    fake_gpus.set(3, remap_failure="Yes")
+    marker = tmp_path / "go"
+    hold = "echo gpus=$CUDA_VISIBLE_DEVICES; while [ ! -e %s ]; do sleep 0.1; done" % marker
+    runs_dir = str(tmp_path / "runs")
+    base = free_port_block()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd", hold,
+         "-i", inventory(tmp_path, workers=1, name="r%d.yml" % i, port_base=base + i),
+         "--plain", "--run-id", "r%d" % i], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for i in range(3)]
+    try:
+        def settled():  # one run holds both GPUs, the two others have ended
+            held = {(gpuclaims.holder(u) or {}).get("run") for u in fake_gpus.uuids()[:2]}
+            return len(held) == 1 and None not in held and \
+                sum(p.poll() is not None for p in procs) == 2
+        wait_for(settled, 120, "one run to hold the GPUs and the two others to end")
+        marker.touch()
+        results = [finish(p) for p in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert sorted(code for code, _, _ in results) == [0, 3, 3], results
+    winner = "r%d" % [code for code, _, _ in results].index(0)
+    assert "gpus=0,1" in results[int(winner[1])][1]
+    for code, out, err in results:
+        if code == 3:
+            assert "no free GPU for worker:0: GPU 0 claimed by run %s" % winner in err, err
+            assert "gpus=" not in out

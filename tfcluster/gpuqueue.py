@@ -12,6 +12,7 @@ from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import _stat, start_time
 
 WAIT_POLL_SECONDS = 2.0
+RACE_RETRIES = 3  # placements tried again at once when other runs claim GPUs in between
 
 
 def claim(hosts, cluster, reports, run_id, wait=False):
@@ -94,6 +95,7 @@ def secure(launch, run_preflight, print_table):
     wait = getattr(options, "wait", False)
     said = None
     try:
+        lost_races = 0
         while True:
             reports, problems = run_preflight()
             problems += gpus.problems(launch.cluster, reports, share)
@@ -103,6 +105,10 @@ def secure(launch, run_preflight, print_table):
             if not problems:
                 assigned = gpus.assign(launch.cluster, reports, share)
                 problems = claim(launch.hosts, assigned, reports, launch.run_id, wait)
+                if problems and lost_races < RACE_RETRIES and all(
+                        " is claimed by " in p for p in problems):
+                    lost_races += 1  # another run took them since the preflight: look again
+                    continue
             if not problems:
                 launch.record.data.pop("waiting", None)
                 if said is not None:
