@@ -334,6 +334,20 @@ def test_a_dead_waiter_does_not_hold_the_queue(fake_gpus):
     claims.release()
 
 
+def test_stop_of_a_waiting_run_whose_launcher_died(tmp_path):
+    from tfcluster import gpuqueue, runs
+    from tfcluster.report import PlainReporter
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    record = runs.create(str(tmp_path), "w1")
+    record.data.update(state="waiting", machines=[], tasks={},
+                       waiting={"pid": gone.pid, "start": 1})
+    record.save()
+    assert gpuqueue.stop_waiting(runs.load(str(tmp_path), "w1"), PlainReporter(echo=False))
+    assert run_record(str(tmp_path), "w1")["state"] == "stopped"
+    assert not gpuqueue.stop_waiting(runs.load(str(tmp_path), "w1"), PlainReporter(echo=False))
+
+
 # ------------------------------------------------------------------ launches (local agents)
 
 def launch(inv, runs_dir, *extra, env=None, run_id=None):

@@ -6,7 +6,7 @@ import signal
 import time
 
 from tfcluster import gpus, runs
-from tfcluster.errors import PreflightError, UsageError
+from tfcluster.errors import PreflightError, RunFailed
 from tfcluster.hosts import HostError
 from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import _stat, start_time
@@ -138,6 +138,7 @@ def secure(launch, run_preflight, print_table):
 def mark_waiting(launch):
     """A record `tfcluster stop RUN` finds: the waiting launcher's pid, checked by start time."""
     launch.record.data.update(id=launch.run_id, state="waiting", created=runs.now(),
+                              example=launch.options.example.name,
                               machines=[], tasks={},
                               waiting={"pid": os.getpid(), "start": start_time(os.getpid())})
     launch.record.save()
@@ -160,9 +161,12 @@ def stop_waiting(record, reporter, timeout=30):
         deadline = time.monotonic() + timeout
         while alive():
             if time.monotonic() > deadline:
-                raise UsageError("run %s: its launcher (pid %d) still waits after %gs"
+                raise RunFailed("run %s: its launcher (pid %d) still waits after %gs"
                                  % (record.id, pid, timeout))
             time.sleep(0.05)
+    else:  # its launcher died while waiting (kill -9): only this record is left of it
+        record.data.update(state="stopped", ended=runs.now())
+        record.save()
     reporter.note("run %s: it was waiting for GPUs; it stopped, nothing was started and no "
                   "claim is left" % record.id)
     return True
