@@ -793,3 +793,18 @@ def test_three_launches_at_once_one_gets_the_free_gpus(fake_gpus, tmp_path):
         if code == 3:
             assert "no free GPU for worker:0: GPU 0 claimed by run %s" % winner in err, err
             assert "gpus=" not in out
+
+
+def test_held_claims_are_touched_for_tmp_cleaners(fake_gpus):
+    gpu_uuid = fake_gpus.uuids()[0]
+    claims = gpuclaims.GpuClaims()
+    assert claims.claim({gpu_uuid: ["worker-0"]}, "long")["taken"] == {}
+    try:
+        path = gpuclaims.claim_path(gpu_uuid)
+        os.utime(path, (time.time() - 40 * 86400,) * 2)
+        claims.touch(every=3600)  # not yet an hour
+        assert os.stat(path).st_mtime < time.time() - 39 * 86400
+        claims.touch(every=0)
+        assert os.stat(path).st_mtime > time.time() - 3600
+    finally:
+        claims.release()

@@ -347,6 +347,7 @@ class Agent:
             if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
                 last_beat = time.monotonic()
                 self.send(P.Heartbeat())
+                self.gpu_claims.touch()
 
 
 # ---------------------------------------------------------------- command line

@@ -132,6 +132,7 @@ class GpuClaims:
     def __init__(self):
         self.held = {}
         self.ticket = None  # (path, descriptor): our place in the host's queue
+        self.touched = time.monotonic()
 
     def claim(self, wanted, run, wait=False):
         """Claim every UUID of WANTED ({uuid: task names}) for RUN, all or none.
@@ -211,6 +212,18 @@ class GpuClaims:
         """New descriptors of UUIDS' claims for a task's supervisor, the caller's to close (a
         GPU two tasks share stays claimed until both have ended)."""
         return [os.dup(self.held[u]) for u in uuids if u in self.held]
+
+    def touch(self, every=3600):
+        """Mark our lock files used (at most once per EVERY seconds): cleaners of /var/tmp
+        (systemd-tmpfiles, 30 days) delete only what has not been touched for long."""
+        if time.monotonic() - self.touched < every:
+            return
+        self.touched = time.monotonic()
+        for fd in list(self.held.values()) + ([self.ticket[1]] if self.ticket else []):
+            try:
+                os.utime(fd)
+            except OSError:
+                pass  # a file we may not touch: the cleaner's age is all there is
 
     def release(self, keep=()):
         for uuid in set(self.held) - set(keep):
