@@ -121,6 +121,12 @@ def build_parser():
     p.add_argument("--baseline", action="store_true",
                    help="first run the example as one task on one slot, then print the "
                         "distribution efficiency")
+    p.add_argument("--wait", action="store_true",
+                   help="wait until the GPUs and ports it needs are free (in order of arrival "
+                        "per host) instead of failing")
+    p.add_argument("--share-busy-gpus", action="store_true",
+                   help="hand out GPUs other processes use (not unhealthy ones, not other "
+                        "runs' claims)")
     p.epilog = "Arguments after a bare -- go to the trainer, e.g. -- --train_steps=1000"
 
     p = sub.add_parser("spec", help="print the cluster spec per task")
@@ -133,6 +139,11 @@ def build_parser():
 
     p = sub.add_parser("check", help="preflight every host of the inventory")
     p.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
+
+    p = sub.add_parser("gpus", help="every GPU of the inventory's hosts and who holds it")
+    p.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
+    p.add_argument("--watch", nargs="?", type=seconds, const=2.0, metavar="S",
+                   help="refresh in place every S seconds (default 2) until Ctrl-C")
 
     sub.add_parser("examples", help="list the built-in examples")
 
@@ -213,7 +224,7 @@ def cmd_launch(args):
         start_timeout=args.start_timeout, finish_grace=args.finish_grace,
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
-        baseline=args.baseline)
+        baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus)
     from tfcluster.console import make_reporter
     # --logs shows the raw streams: every line, as the tasks wrote them.
     reporter = make_reporter(args.plain, args.verbose or args.logs, args.logs, sys.stdout)
@@ -284,6 +295,12 @@ def cmd_check(args):
     return 0
 
 
+def cmd_gpus(args):
+    from tfcluster import gpustable
+    from tfcluster.inventory import load_slots
+    return gpustable.show(load_slots(args.inventory), args.inventory, args.watch)
+
+
 def cmd_examples(args):
     from tfcluster.catalog import load_catalog
     for name, example in load_catalog().items():
@@ -336,6 +353,7 @@ def cmd_tensorboard(args):
                       args.port, args.host)
 
 
-COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "examples": cmd_examples,
+COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
+            "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard}

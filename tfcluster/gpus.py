@@ -1,8 +1,10 @@
-"""Which GPUs each task sees, decided per machine from what preflight's `nvidia-smi -L` reported.
+"""Which GPUs each task sees, decided per machine from the GPU facts preflight reported.
 
-Training tasks (chief, worker) get their own GPUs by default: the machine's GPUs that no slot
-lists in tfcluster_gpus, split among its tasks that list none. ps and evaluator tasks see no GPU
-unless their slot lists some. More tasks than GPUs: tasks share, with memory growth on.
+Training tasks (chief, worker) get their own GPUs by default: the machine's free, healthy GPUs
+that no slot lists in tfcluster_gpus, split among its tasks that list none. ps and evaluator
+tasks see no GPU unless their slot lists some. More tasks than GPUs: tasks share, with memory
+growth on. A GPU that is unhealthy, busy (another process computes on it or holds memory) or
+claimed by another tfcluster run is never handed out (README "Shared GPU servers").
 """
 import dataclasses
 import re
@@ -31,14 +33,101 @@ def reported(reports, machine):
     return parse_gpu_list(report.gpus if report else None)
 
 
-def assign(cluster, reports):
+class GpuProblem(str):
+    """A preflight problem line; WAITABLE when `launch --wait` may wait for it to pass."""
+
+    def __new__(cls, text, waitable=False):
+        line = super().__new__(cls, text)
+        line.waitable = waitable
+        return line
+
+
+def facts(reports, machine):
+    """{index: the GPU's facts} of MACHINE from its preflight report."""
+    report = reports.get(machine.key)
+    found = (report.gpu_facts.get("gpus") if report else None) or []
+    return {gpu["index"]: gpu for gpu in found}
+
+
+HEALTH_SHORT = (("ecc_errors", "ECC errors: %s"), ("retired_pending", "retired pages pending"),
+                ("remap_failed", "row remapping failed"))
+
+
+def health_short(gpu):
+    """"ok", or the failing counters in a few words (the `tfcluster gpus` column)."""
+    failing = [text % gpu[key] if "%" in text else text for key, text in HEALTH_SHORT
+               if gpu.get(key)]
+    return "FAILING: " + ", ".join(failing) if failing else "ok"
+
+
+def health_problem(gpu):
+    """Why GPU must not be used (its health counter), or None."""
+    if gpu.get("ecc_errors"):
+        return "%d uncorrectable ECC error(s) (ecc.errors.uncorrected.volatile.total)" % \
+            gpu["ecc_errors"]
+    if gpu.get("retired_pending"):
+        return "retired pages pending a reset (retired_pages.pending)"
+    if gpu.get("remap_failed"):
+        return "row remapping failed (remapped_rows.failure)"
+    return None
+
+
+def describe_process(proc):
+    who = "pid %d" % proc["pid"]
+    if proc.get("user"):
+        who += " (user %s: %s)" % (proc["user"], proc.get("command") or "?")
+    if proc.get("used_memory") is not None:
+        who += ", %d MiB" % proc["used_memory"]
+    return who
+
+
+def busy_reason(gpu, machine):
+    """Who else computes on GPU or holds its memory, or None when it is idle."""
+    if gpu.get("processes"):
+        return "used by " + "; ".join(describe_process(p) for p in gpu["processes"])
+    used = gpu.get("memory_used")
+    if used is not None and used > machine.gpu_busy_mib:
+        return "%d MiB of its memory in use by a process nvidia-smi does not show (over " \
+               "tfcluster_gpu_busy_mib, %d)" % (used, machine.gpu_busy_mib)
+    return None
+
+
+def describe_claim(claim):
+    text = "run %s" % claim.get("run", "?")
+    details = [d for d in ("user %s" % claim["user"] if claim.get("user") else "",
+                           "task %s" % claim["task"] if claim.get("task") else "") if d]
+    return text + (" (%s)" % ", ".join(details) if details else "")
+
+
+def blocker(gpu, machine, share=False):
+    """A GpuProblem-to-be (reason, waitable) saying why GPU cannot be handed out, or None."""
+    reason = health_problem(gpu)
+    if reason:
+        return "unhealthy: " + reason, False
+    if gpu.get("claim"):
+        return "claimed by " + describe_claim(gpu["claim"]), True
+    busy = busy_reason(gpu, machine)
+    if busy and not (share or machine.gpu_share):
+        return "busy, " + busy, True
+    return None
+
+
+def usable(reports, machine, share=False):
+    """The GPU indices of MACHINE that may be handed out, in order."""
+    found = facts(reports, machine)
+    return [i for i in reported(reports, machine)
+            if i not in found or blocker(found[i], machine, share) is None]
+
+
+def assign(cluster, reports, share=False):
     """A copy of CLUSTER where every task's cuda_visible_devices is set.
 
-    REPORTS is {machine.key: preflight report}; a report's "gpus" holds nvidia-smi -L lines."""
+    REPORTS is {machine.key: preflight report}; a report's "gpus" holds nvidia-smi -L lines
+    and its "gpu_facts" what each GPU is doing (busy, unhealthy and claimed GPUs are skipped)."""
     from tfcluster.spec import Cluster
     chosen = {}
     for machine, tasks in cluster.machines():
-        gpus = reported(reports, machine)
+        gpus = usable(reports, machine, share)
         listed = {gpu for task in tasks if task.gpus_listed for gpu in devices(task)}
         free = [gpu for gpu in gpus if gpu not in listed] or gpus
         pending = [t for t in tasks if t.cuda_visible_devices is None and t.job in TRAINING_JOBS]
@@ -53,6 +142,49 @@ def assign(cluster, reports):
         for t in cluster.tasks])
 
 
+def host_problems(machine, reports):
+    """MACHINE shows fewer GPUs than tfcluster_gpu_count says: an error line."""
+    report = reports.get(machine.key)
+    if machine.gpu_count is None or report is None or not report.reached:
+        return []
+    shown = reported(reports, machine)
+    if len(shown) >= machine.gpu_count:
+        return []
+    why = report.gpu_facts.get("error") or ""
+    return [GpuProblem("%s: nvidia-smi shows %d GPU(s)%s but tfcluster_gpu_count says %d: check "
+                       "the host (nvidia-smi -L; a board may have fallen off the bus) or fix "
+                       "tfcluster_gpu_count" % (machine.label, len(shown),
+                                                " (%s)" % why if why else "", machine.gpu_count))]
+
+
+def warnings(cluster, reports):
+    """Driver versions that differ across the cluster's GPU hosts: one line, or none."""
+    drivers = {}
+    for machine, _ in cluster.machines():
+        report = reports.get(machine.key)
+        driver = report.gpu_facts.get("driver") if report else None
+        if driver:
+            drivers[machine.label] = driver
+    if len(set(drivers.values())) < 2:
+        return []
+    return ["NVIDIA driver versions differ (%s): deploy the same driver everywhere "
+            "(nvidia_driver_branch) or expect different results and speeds" % ", ".join(
+                "%s=%s" % item for item in drivers.items())]
+
+
+def claim_plan(cluster, reports):
+    """{machine key: {GPU uuid: [task names]}}: the GPUs each machine's tasks were assigned."""
+    plan = {}
+    for machine, tasks in cluster.machines():
+        known = facts(reports, machine)
+        for task in tasks:
+            for gpu in devices(task):
+                if gpu in known:
+                    plan.setdefault(machine.key, {}).setdefault(known[gpu]["uuid"], []).append(
+                        task.name)
+    return plan
+
+
 def shares_gpu(task, cluster):
     """True when another task on TASK's machine sees one of TASK's GPUs."""
     mine = set(devices(task))
@@ -61,11 +193,36 @@ def shares_gpu(task, cluster):
         for other in cluster.tasks)
 
 
-def problems(cluster, reports):
-    """One line per GPU problem, naming the host and the fix; [] when every listed id is fine."""
+WAIT_HINT = "wait for it (`tfcluster launch --wait`)"
+SHARE_HINT = "share it knowingly (--share-busy-gpus or tfcluster_gpu_share: true)"
+
+
+def problems(cluster, reports, share=False):
+    """One line per GPU problem, naming the host and the fix; [] when every GPU is fine.
+
+    Lines are GpuProblems: those `launch --wait` may wait out say so."""
     found = []
     for machine, tasks in cluster.machines():
         gpus = reported(reports, machine)
+        found += host_problems(machine, reports)
+        known = facts(reports, machine)
+        for gpu in sorted({g for t in tasks if t.gpus_listed for g in devices(t)} & set(gpus)):
+            why = blocker(known[gpu], machine, share) if gpu in known else None
+            if why:
+                slots = ", ".join(t.slot for t in tasks if t.gpus_listed and gpu in devices(t))
+                fix = "replace the board or list another GPU in tfcluster_gpus" if not why[1] else \
+                    "%s, list another GPU%s" % (WAIT_HINT, "" if why[0].startswith("claimed")
+                                                else ", or " + SHARE_HINT)
+                found.append(GpuProblem("%s: GPU %d (tfcluster_gpus of %s) is %s: %s" % (
+                    machine.label, gpu, slots, why[0], fix), why[1]))
+        automatic = [t for t in tasks if not t.gpus_listed and t.job in TRAINING_JOBS]
+        if gpus and automatic and not usable(reports, machine, share):
+            whys = [(i, blocker(known[i], machine, share)) for i in gpus if i in known]
+            found.append(GpuProblem("%s: no free GPU for %s: %s: %s" % (
+                machine.label, ", ".join(t.label for t in automatic),
+                "; ".join("GPU %d %s" % (i, why[0]) for i, why in whys if why),
+                WAIT_HINT if all(why[1] for _, why in whys if why) else
+                "free or repair one"), all(why[1] for _, why in whys if why)))
         owner = {}
         for task in tasks:
             if not task.gpus_listed:

@@ -41,6 +41,13 @@ class Machine:
     workdir: str = DEFAULT_ROOT + "/work"
     data_dir: str = DEFAULT_ROOT + "/data"
     data_address: str | None = None
+    # GPU settings (README "Shared GPU servers"): nvidia-smi's path, how many GPUs the machine
+    # must show (None: no check), memory (MiB) another process may hold on a GPU still handed
+    # out, and whether busy GPUs may be shared knowingly.
+    nvidia_smi: str = "nvidia-smi"
+    gpu_count: int | None = None
+    gpu_busy_mib: int = 300
+    gpu_share: bool = False
 
     @property
     def tf_host(self):
@@ -223,6 +230,11 @@ def _slot(hostname, job, host_vars, templar):
         workdir=_path(get("tfcluster_workdir", root + "/work"), "tfcluster_workdir", hostname),
         data_dir=_path(get("tfcluster_data_dir", root + "/data"), "tfcluster_data_dir", hostname),
         data_address=_data_address(get("tfcluster_address"), address, hostname),
+        nvidia_smi=str(get("tfcluster_nvidia_smi", "nvidia-smi")),
+        gpu_count=None if get("tfcluster_gpu_count") is None else
+        _int(get("tfcluster_gpu_count"), "tfcluster_gpu_count", hostname),
+        gpu_busy_mib=_int(get("tfcluster_gpu_busy_mib", 300), "tfcluster_gpu_busy_mib", hostname),
+        gpu_share=_flag(get("tfcluster_gpu_share", False), "tfcluster_gpu_share", hostname),
     )
     port = get("tfcluster_port")
     return Slot(
@@ -242,6 +254,15 @@ def _int(value, name, hostname):
     except (TypeError, ValueError):
         raise UsageError("host %s: %s must be a whole number, not %r: fix %s"
                          % (hostname, name, value, name)) from None
+
+
+def _flag(value, name, hostname):
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "yes", "1", "false", "no", "0"):
+        return str(value).lower() in ("true", "yes", "1")
+    raise UsageError("host %s: %s must be true or false, not %r: fix %s"
+                     % (hostname, name, value, name))
 
 
 def _ssh_port(value, hostname):

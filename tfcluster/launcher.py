@@ -10,9 +10,9 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from tfcluster import gpus, runs
+from tfcluster import gpuqueue, runs
 from tfcluster.catalog import check_templates
-from tfcluster.errors import (PreflightError, RunFailed, RunInterrupted, RunTimedOut,
+from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
 from tfcluster.hosts import HostError, Hosts
 from tfcluster.inventory import JOBS
@@ -53,6 +53,8 @@ class LaunchOptions:
     baseline: bool = False
     cwd: str | None = None
     env: dict = field(default_factory=dict)
+    wait: bool = False             # wait for claimed or busy GPUs and ports (gpuqueue)
+    share_busy_gpus: bool = False  # hand out GPUs other processes use, knowingly
 
 
 class Launch:
@@ -99,17 +101,16 @@ class Launch:
         self.reporter.note("run %s: %s on %d task(s), %d host(s)" % (
             self.run_id, options.example.name, len(self.cluster.tasks),
             len(self.cluster.machines())))
-        reports, problems = preflight(self.hosts, self.cluster,
-                                      expect_code=options.example.name != "custom",
-                                      data_needs=data_needs(self.cluster, options))
-        problems += gpus.problems(self.cluster, reports)
-        print_preflight(self.reporter, self.cluster, reports)
-        if problems:
-            raise PreflightError("preflight failed, nothing started: " + "; ".join(problems))
-        # Every training task on a GPU machine gets GPUs of its own; the others see none.
-        self.cluster = gpus.assign(self.cluster, reports)
+        # Every training task on a GPU machine gets free, healthy GPUs of its own, claimed for
+        # this run (with --wait, once they are free); the others see none.
+        reports, self.cluster = gpuqueue.secure(
+            self, lambda: preflight(self.hosts, self.cluster,
+                                    expect_code=options.example.name != "custom",
+                                    data_needs=data_needs(self.cluster, options)),
+            lambda found: print_preflight(self.reporter, self.cluster, found))
         specs = self.specs = task_specs(self.cluster, options, self.run_id,
                                         thread_plan(self.cluster, reports, options))
+        gpuqueue.hand_claims(specs, self.cluster, reports)
         try:
             self._write_record(reports, specs)
         except OSError as err:

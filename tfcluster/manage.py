@@ -3,8 +3,8 @@ also work after the launcher was killed or when it ran with --detach; when a hos
 its run folder's records still tell."""
 import os
 
-from tfcluster import metrics, runs
-from tfcluster.errors import RunFailed
+from tfcluster import gpuqueue, metrics, runs
+from tfcluster.errors import RunFailed, UsageError
 from tfcluster.hosts import HostError, Hosts
 from tfcluster.inventory import Machine
 from tfcluster.metrics import MetricsStore
@@ -163,6 +163,8 @@ def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
     os.umask(0o077)
     reporter = reporter or PlainReporter()
     record = pick(runs_dir, run_id, active_only=run_id is None)
+    if gpuqueue.stop_waiting(record, reporter):  # still waiting for GPUs: nothing started
+        return 0
     cluster = cluster_from_record(record)
     was_active = record.active
     hosts = Hosts([m for m, _ in cluster.machines()])

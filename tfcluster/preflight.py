@@ -1,6 +1,7 @@
 """Preflight: every machine checked in parallel, through its agent, before anything starts."""
 import os
 
+from tfcluster import gpus
 from tfcluster.catalog import code_root
 from tfcluster.errors import PreflightError
 from tfcluster.hosts import HostError, Hosts
@@ -39,7 +40,8 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
         return link.request(P.Preflight(python=machine.python, ports=ports,
                                         code_dir=machine.root,
                                         cache_dir=cache,
-                                        datasets=data_needs.get(machine.key, [])),
+                                        datasets=data_needs.get(machine.key, []),
+                                        nvidia_smi=machine.nvidia_smi),
                             timeout=IMPORT_SECONDS, what="to the preflight").report
 
     machines = [m for m, _ in cluster.machines()]
@@ -112,7 +114,10 @@ def check_hosts(cluster, reporter):
         reports, problems = preflight(hosts, cluster)
     finally:
         hosts.close()
+    problems += gpus.problems(cluster, reports)
     print_preflight(reporter, cluster, reports)
+    for line in gpus.warnings(cluster, reports):
+        reporter.note("warning: " + line)
     if problems:
         raise PreflightError("preflight failed: " + "; ".join(problems))
     reporter.note("all %d host(s) ready" % len(reports))

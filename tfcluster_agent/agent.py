@@ -25,7 +25,9 @@ import time
 # The deployed code stays as deploy left it (its hash is checked): no __pycache__ next to it.
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tfcluster_agent import gpuinfo  # noqa: E402
 from tfcluster_agent import protocol as P  # noqa: E402
+from tfcluster_agent.gpuclaims import GpuClaims  # noqa: E402
 from tfcluster_agent import supervisor as S  # noqa: E402
 from tfcluster_agent.runmodel import TaskSpec  # noqa: E402
 from tfcluster_agent.hostinfo import (PortClaims, port_is_free, port_is_listening,  # noqa: E402
@@ -58,6 +60,7 @@ class Agent:
         self.lease = 0.0
         self.tasks = {}
         self.claims = PortClaims()
+        self.gpu_claims = GpuClaims()
         self.send_lock = threading.Lock()
         self.stopping = None  # (done event, names, ports, result, deadline)
         # A stop thread that is done writes here, so the loop answers at once, not a tick later.
@@ -89,12 +92,18 @@ class Agent:
 
     def on_preflight(self, msg):
         report = preflight_report(msg.python, msg.ports, msg.code_dir, msg.cache_dir or None,
-                                  msg.datasets)
+                                  msg.datasets, msg.nvidia_smi, set(self.gpu_claims.held))
         report["port_holders"] = self.claims.claim(
             [int(p) for p in msg.ports], "a launch in its preflight (agent pid %d)" % os.getpid())
         for port in report["port_holders"]:
             report["ports"][port] = False
         self.send(P.Report(report=report))
+
+    def on_claim_gpus(self, msg):
+        self.send(P.Report(report=self.gpu_claims.claim(msg.gpus, msg.run, msg.wait)))
+
+    def on_gpu_query(self, msg):
+        self.send(P.Report(report=gpuinfo.host_gpus(msg.nvidia_smi, set(self.gpu_claims.held))))
 
     def on_start(self, msg):
         specs = [TaskSpec.from_json(spec) for spec in msg.tasks]
@@ -115,7 +124,10 @@ class Agent:
             self._start(msg, specs)
         except BaseException:  # a start that failed keeps no claim it took
             self.claims.release(keep=before)
+            self.gpu_claims.release()
             raise
+        # The agent keeps the GPU claims for the run's life (a restarted task finds its GPUs
+        # still its own); each task's supervisor holds its own too, for a detached run.
         self.send(P.Accepted())
 
     def _start(self, msg, specs):
@@ -144,11 +156,13 @@ class Agent:
                 os.unlink(os.path.join(self.run_dir, name + ".status"))
                 os.unlink(os.path.join(self.run_dir, name + ".pid"))
             claim = self.claims.take(spec.port)
+            gpu_claims = self.gpu_claims.take(spec.gpu_uuids)
             try:
-                proc = S.fork(self.run_dir, name, self.lease, spec, keep_fd=claim)
+                proc = S.fork(self.run_dir, name, self.lease, spec, keep_fd=claim,
+                              keep_fds=gpu_claims)
             finally:
-                if claim is not None:
-                    os.close(claim)
+                for fd in ([claim] if claim is not None else []) + gpu_claims:
+                    os.close(fd)
             watched = spec.port if spec.await_listening else None
             self.tasks[name] = Task(name, watched, proc)
 
@@ -335,6 +349,7 @@ class Agent:
             if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
                 last_beat = time.monotonic()
                 self.send(P.Heartbeat())
+                self.gpu_claims.touch()
 
 
 # ---------------------------------------------------------------- command line

@@ -9,8 +9,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
-from tfcluster_agent import datafiles
+from tfcluster_agent import datafiles, gpuinfo
 from tfcluster_agent.protocol import code_hash
 from tfcluster_agent.supervisor import boot_id, write_atomic
 
@@ -168,22 +169,25 @@ def python_report(python, cache_dir=None):
     return report
 
 
-def gpu_names():
-    """The lines of `nvidia-smi -L` ("GPU 0: NAME (UUID: ...)"); none without a driver."""
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
-
-
-def preflight_report(python, ports, code_dir, cache_dir=None, datasets=()):
+def preflight_report(python, ports, code_dir, cache_dir=None, datasets=(), nvidia_smi="",
+                     own_gpu_claims=()):
     report = {"hostname": socket.gethostname(), "cpus": os.cpu_count() or 1,
               "agent_python": sys.executable}
+    # The GPU query (nvidia-smi can take seconds) runs while the interpreter is checked.
+    def query_gpus():
+        try:
+            report["gpu_facts"] = gpuinfo.host_gpus(nvidia_smi, own_gpu_claims)
+        except Exception as err:  # a preflight answers whatever the GPUs say
+            report["gpu_facts"] = {"driver": None, "gpus": [], "error": "GPU query failed: %r"
+                                   % err}
+
+    gpu_query = threading.Thread(target=query_gpus)
+    gpu_query.start()
     report.update(python_report(python, cache_dir))
     report["ports"] = {str(p): port_is_free(int(p)) for p in ports}
     report["code_hash"] = code_hash(code_dir) if os.path.isdir(code_dir) else None
-    report["gpus"] = gpu_names()
+    gpu_query.join()
+    report["gpus"] = gpuinfo.smi_lines(report["gpu_facts"])
     missing = {folder: datafiles.missing_files(name, folder) for name, folder in datasets}
     report["missing_data"] = {folder: names for folder, names in missing.items() if names}
     return report

@@ -151,6 +151,24 @@ class Preflight:
     cache_dir: str = ""
     # [data set, folder] pairs the machine's tasks read from disk (trainers/datafiles.py).
     datasets: list = field(default_factory=list)
+    nvidia_smi: str = ""  # the GPU query's program ("": nvidia-smi on the agent's PATH)
+
+
+@message
+class ClaimGpus:
+    """Claim GPUS ({uuid: [task names]}) for RUN, all or none, until the tasks end; WAIT puts
+    the run in the host's queue. Answered by a Report: {"taken": {uuid: holder}, "ahead": [...]}."""
+    kind = "claim_gpus"
+    run: str
+    gpus: dict
+    wait: bool = False
+
+
+@message
+class GpuQuery:
+    """What the host's GPUs are doing and who holds them; answered by a Report."""
+    kind = "gpu_query"
+    nvidia_smi: str = ""
 
 
 @message

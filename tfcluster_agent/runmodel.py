@@ -86,6 +86,7 @@ class TaskSpec:
     env_prepend: dict = field(default_factory=dict)
     port: int | None = None
     await_listening: bool = True      # report when the task listens on PORT
+    gpu_uuids: list = field(default_factory=list)  # GPUs whose claims its supervisor holds
 
     def to_json(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -115,6 +116,7 @@ class PreflightReport:
     ports: dict = field(default_factory=dict)          # "port" -> free
     port_holders: dict = field(default_factory=dict)   # "port" -> the run that claimed it
     missing_data: dict = field(default_factory=dict)   # folder -> [missing files]
+    gpu_facts: dict = field(default_factory=dict)      # gpuinfo.host_gpus(): driver, gpus, error
     reached: bool = True
 
     def to_json(self):
@@ -226,8 +228,8 @@ class RestartEntry:
         return cls(**{f.name: data.get(f.name) for f in fields(cls)})
 
 
-# A run's states; the first two are a run still going.
-ACTIVE_STATES = ("starting", "running")
+# A run's states that are a run still going (waiting: `launch --wait` for its GPUs).
+ACTIVE_STATES = ("waiting", "starting", "running")
 
 
 @dataclass
@@ -255,6 +257,8 @@ class RunRecord:
     collection_problems: list = field(default_factory=list)
     exit_code: int | None = None
     failure: str | None = None
+    # While `launch --wait` waits for GPUs (state "waiting"): the launcher's pid and start time.
+    waiting: dict | None = None
     # Where it lives on the controller, and whether this process created (owns) its folder.
     runs_dir: str | None = field(default=None, repr=False, metadata={"local": True})
     claimed: bool = field(default=False, repr=False, metadata={"local": True})

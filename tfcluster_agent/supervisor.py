@@ -11,6 +11,7 @@ and the boot id: a pid is only signalled while all three still match), NAME.stat
 values never reach a file). Per run: .lease (touched while a controller is connected) and
 .detached (present when no lease applies).
 """
+import fcntl
 import json
 import os
 import select
@@ -184,12 +185,13 @@ class Forked:
         return self._reap(0)
 
 
-def fork(run_dir, name, lease, spec, keep_fd=None):
+def fork(run_dir, name, lease, spec, keep_fd=None, keep_fds=()):
     """Start SPEC's task under a supervisor forked from this process; a Forked.
 
     The child keeps nothing of the agent's: a session of its own, /dev/null for stdin and
-    stderr, its stdout the pipe to the agent, KEEP_FD (the port's claim) as descriptor 3 and
-    every other descriptor closed, default signals. It never returns into the agent's code."""
+    stderr, its stdout the pipe to the agent, KEEP_FD (the port's claim) and KEEP_FDS (its
+    GPUs' claims) as descriptors 3 and up, every other descriptor closed, default signals.
+    It never returns into the agent's code."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -200,9 +202,12 @@ def fork(run_dir, name, lease, spec, keep_fd=None):
             os.dup2(null, 0)
             os.dup2(write_end, 1)
             os.dup2(null, 2)
-            if keep_fd is not None:
-                os.dup2(keep_fd, 3)
-            os.closerange(3 if keep_fd is None else 4, os.sysconf("SC_OPEN_MAX"))
+            keep = ([keep_fd] if keep_fd is not None else []) + list(keep_fds)
+            # Moved above their targets first, so that no dup2 overwrites another claim.
+            moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 3 + len(keep)) for fd in keep]
+            for target, fd in enumerate(moved, 3):
+                os.dup2(fd, target)
+            os.closerange(3 + len(keep), os.sysconf("SC_OPEN_MAX"))
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             supervise(run_dir, name, lease, spec, out_fd=1)

@@ -1,0 +1,102 @@
+"""`tfcluster gpus`: one table of every GPU of the inventory's hosts and who holds it.
+
+One round trip per host, all hosts at once, through their agents (GpuQuery)."""
+import sys
+import time
+
+from tfcluster import gpus
+from tfcluster.errors import UsageError
+from tfcluster.hosts import HostError, Hosts
+from tfcluster_agent import protocol as P
+
+COLUMNS = ("HOST", "GPU", "NAME", "MEMORY MiB", "UTIL", "HEALTH", "HOLDER")
+CLEAR = "\033[H\033[J"
+
+
+def machines_of(slots):
+    seen = {}
+    for slot in slots:
+        seen.setdefault(slot.machine.key, slot.machine)
+    return list(seen.values())
+
+
+def query(hosts, machines):
+    """{machine key: GPU facts or an exception}, every host at once."""
+    def ask(link):
+        if link.hello is None:
+            link.open()
+        return link.request(P.GpuQuery(nvidia_smi=link.machine.nvidia_smi), timeout=30,
+                            what="to the GPU query").report
+
+    return hosts.each(ask, machines, timeout=max(m.connect_timeout for m in machines) + 40)
+
+
+def holder(gpu, machine):
+    if gpu.get("claim"):
+        claim = gpu["claim"]
+        return "run %s %s(user %s)" % (claim.get("run", "?"),
+                                       "task %s " % claim["task"] if claim.get("task") else "",
+                                       claim.get("user", "?"))
+    if gpu.get("processes"):
+        return "; ".join("pid %d %s %s" % (p["pid"], p.get("user") or "?",
+                                           p.get("command") or "(not visible here)")
+                         for p in gpu["processes"])
+    if (gpu.get("memory_used") or 0) > machine.gpu_busy_mib:
+        return "a process not visible here (%d MiB)" % gpu["memory_used"]
+    return "free"
+
+
+def rows(machines, outcomes):
+    table = []
+    for machine in machines:
+        found = outcomes[machine.key]
+        if isinstance(found, Exception):
+            reason = found.reason if isinstance(found, HostError) else str(found)
+            table.append((machine.label, "-", "unreachable: " + reason, "", "", "", ""))
+            continue
+        if not found["gpus"]:
+            table.append((machine.label, "-", "no GPU (%s)" % (found.get("error") or
+                                                              "nvidia-smi lists none"),
+                          "", "", "", ""))
+            continue
+        for gpu in found["gpus"]:
+            memory = "%s/%s" % tuple("?" if v is None else v
+                                     for v in (gpu["memory_used"], gpu["memory_total"]))
+            util = "?" if gpu["utilization"] is None else "%d%%" % gpu["utilization"]
+            table.append((machine.label, str(gpu["index"]), gpu["name"], memory, util,
+                          gpus.health_short(gpu), holder(gpu, machine)))
+    return table
+
+
+def render(table):
+    widths = [max(len(str(r[i])) for r in [COLUMNS] + table) for i in range(len(COLUMNS) - 1)]
+    return "\n".join("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)) + "  " +
+                     str(row[-1]) for row in [COLUMNS] + table)
+
+
+def show(slots, inventory, watch=None, out=None):
+    """Print the table (again every WATCH seconds, in place, until Ctrl-C); 1 when a host did
+    not answer."""
+    out = out or sys.stdout
+    machines = machines_of(slots)
+    if not machines:
+        raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups"
+                         % inventory)
+    hosts = Hosts(machines)
+    try:
+        while True:
+            table = rows(machines, query(hosts, machines))
+            text = render(table)
+            if watch:
+                out.write("%s%s  every %gs, Ctrl-C ends\n" % (CLEAR, time.strftime("%H:%M:%S"),
+                                                               watch))
+            out.write(text + "\n")
+            out.flush()
+            if not watch:
+                return 1 if any(r[1] == "-" and r[2].startswith("unreachable") for r in table) \
+                    else 0
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        hosts.close()
