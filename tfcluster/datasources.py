@@ -231,13 +231,19 @@ def restore_gzip_header(payload, name, mtime):
 CENSUS_TEST_FIRST_LINE = "|1x3 Cross validator\n"
 
 
-def read_parquet_rows(payload):
-    """Rows (lists of str) of a parquet file; needs pyarrow, an optional extra."""
+def parquet_module():
+    """pyarrow.parquet, an optional extra; checked before anything is downloaded."""
     try:
         import pyarrow.parquet as parquet
     except ImportError:
         raise SourceUnavailable("pypi: reading adult.parquet.brotli needs pyarrow: "
                                 "pip install 'tfcluster[parquet]' (or pip install pyarrow)") from None
+    return parquet
+
+
+def read_parquet_rows(payload):
+    """Rows (lists of str) of a parquet file."""
+    parquet = parquet_module()
     try:
         table = parquet.read_table(io.BytesIO(payload))
     except Exception as err:     # pyarrow raises its own error types
