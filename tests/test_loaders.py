@@ -87,7 +87,7 @@ def test_digits_offline():
     assert data.load_digits(flat=False).train_x.shape == (1500, 8, 8, 1)
     shard = digits.shard(1, 2)
     np.testing.assert_array_equal(shard.train_y, digits.train_y[1::2])
-    with pytest.raises(SystemExit, match="choose mnist or digits"):
+    with pytest.raises(SystemExit, match="choose mnist, fashion_mnist or digits"):
         data.load_images("fashion", "/nowhere")
 
 
@@ -152,7 +152,7 @@ def test_cifar10_bad_and_missing_files(tmp_path):
     message = str(caught.value)
     assert "tfcluster data fetch cifar10 --dest %s" % tmp_path in message
     assert "data_batch_1.bin" in message and "--dataset synthetic" in message
-    with pytest.raises(SystemExit, match="choose cifar10 or synthetic"):
+    with pytest.raises(SystemExit, match="choose cifar10, fashion_mnist or synthetic"):
         data.load_cifar("cifar100", str(tmp_path))
 
 
@@ -333,8 +333,9 @@ def test_cli_fetch_unknown_name_exits_2(tmp_path, capsys):
 
 
 def test_cli_fetch_with_patched_opener(tmp_path, monkeypatch, capsys):
-    """The real manifest's census entry through the CLI; the bytes served do not match the
-    published checksum, so the command fails (exit 1) and leaves no file behind."""
+    """The real manifest's census entry through the CLI, its canonical URLs only; the bytes
+    served do not match the published checksum, so the command fails (exit 1) and leaves no
+    file behind."""
     served = {}
     for entry in fetcher.manifest()["census"]["files"]:
         for url in entry["urls"]:
@@ -342,7 +343,7 @@ def test_cli_fetch_with_patched_opener(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(fetcher, "fetch", functools.partial(fetcher.fetch,
                                                             opener=FakeOpener(served)))
     dest = tmp_path / "census"
-    assert cli.main(["data", "fetch", "census", "--dest", str(dest)]) == 1
+    assert cli.main(["data", "fetch", "census", "--dest", str(dest), "--source", "url"]) == 1
     assert "checksum" in capsys.readouterr().err
     assert os.listdir(dest) == []
 

@@ -85,3 +85,26 @@ def test_event_files_load_in_tensorflows_reader(tmp_path, monkeypatch, capsys):
     assert scalars["loss"] == [(0, 2.0), (1, 1.0), (2, 0.5), (3, 0.3333), (3, 0.25)]
     assert scalars["accuracy"] == [(0, 0.1), (3, 0.75)]
     assert len(scalars["examples_per_s"]) == 4 and len(scalars["global_steps_per_s"]) == 3
+
+
+@pytest.mark.slow
+def test_run_step_takes_a_step_again_only_after_a_refused_resend(capsys):
+    import tensorflow as tf
+
+    class Session:
+        def __init__(self, errors):
+            self.errors, self.calls = list(errors), 0
+
+        def run(self, fetches, feed_dict=None):
+            self.calls += 1
+            if self.errors:
+                raise self.errors.pop(0)
+            return "done"
+    resent = tf.errors.AbortedError(None, None, "The same RunGraph (Worker) request was received twice.")
+    session = Session([resent])
+    assert loop.run_step(session, ["loss"], {}) == "done" and session.calls == 2
+    assert "received twice" in capsys.readouterr().out
+    with pytest.raises(tf.errors.AbortedError):
+        loop.run_step(Session([tf.errors.AbortedError(None, None, "graph handle not found")]), [], {})
+    with pytest.raises(tf.errors.AbortedError):       # at most 3 tries
+        loop.run_step(Session([resent] * 3), [], {})

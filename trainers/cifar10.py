@@ -31,7 +31,8 @@ def build_parser():
     parser.add_argument("--mode", default="sync", help="one of: " + ", ".join(MODES))
     parser.add_argument("--data_dir", default="/tmp/cifar10_data",
                         help="the binary batches (or their cifar-10-batches-bin folder)")
-    parser.add_argument("--dataset", default="cifar10", choices=["cifar10", "synthetic"],
+    parser.add_argument("--dataset", default="cifar10",
+                        choices=["cifar10", "fashion_mnist", "synthetic"],
                         help="synthetic: generated 32x32x3 images of 10 classes, for offline runs")
     parser.add_argument("--train_steps", type=int, default=10000,
                         help="global steps: parameter updates (sync: rounds; async modes: "

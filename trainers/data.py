@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tfcluster_agent.datafiles import (CENSUS_FILES, CIFAR_TEST_FILE, CIFAR_TRAIN_FILES,  # noqa: F401
-                                MNIST_FILES, cifar10_dir, missing_files)
+                                IDX_DATASETS, MNIST_FILES, cifar10_dir, missing_files)
 
 
 class DataMissing(SystemExit):
@@ -77,13 +77,15 @@ def read_idx(path):
     return data.reshape(shape)
 
 
-def load_mnist(data_dir, flat=True):
-    missing = missing_files("mnist", data_dir)
+def load_mnist(data_dir, flat=True, name="mnist"):
+    """MNIST, or Fashion-MNIST (NAME fashion_mnist): the same four IDX files, the same shapes."""
+    missing = missing_files(name, data_dir)
     if missing:
-        raise DataMissing("MNIST files missing in %s (%s): run `tfcluster data fetch mnist --dest %s`"
-                          " or pass --dataset digits" % (data_dir, ", ".join(missing), data_dir))
-    arrays = {key: read_idx(os.path.join(data_dir, name)) for key, name in MNIST_FILES.items()}
-    return _images_dataset("mnist", arrays, flat, channels_last=(28, 28, 1))
+        raise DataMissing("%s files missing in %s (%s): run `tfcluster data fetch %s --dest %s`"
+                          " or pass --dataset digits"
+                          % (name, data_dir, ", ".join(missing), name, data_dir))
+    arrays = {key: read_idx(os.path.join(data_dir, f)) for key, f in MNIST_FILES.items()}
+    return _images_dataset(name, arrays, flat, channels_last=(28, 28, 1))
 
 
 def _images_dataset(name, arrays, flat, channels_last):
@@ -110,12 +112,13 @@ def load_digits(flat=True):
 
 
 def load_images(name, data_dir, flat=True):
-    """MNIST-shaped image data by name: mnist (IDX files in DATA_DIR) or digits (offline)."""
-    if name == "mnist":
-        return load_mnist(data_dir, flat)
+    """MNIST-shaped image data by name: mnist or fashion_mnist (IDX files in DATA_DIR) or digits
+    (offline)."""
+    if name in IDX_DATASETS:
+        return load_mnist(data_dir, flat, name)
     if name == "digits":
         return load_digits(flat)
-    raise SystemExit("unknown --dataset %r: choose mnist or digits" % name)
+    raise SystemExit("unknown --dataset %r: choose mnist, fashion_mnist or digits" % name)
 
 
 # ---------------------------------------------------------------- CIFAR-10 (binary batches)
@@ -182,13 +185,27 @@ def synthetic_cifar10(train=2000, test=500, seed=0):
     return Dataset("synthetic-cifar10", train_x, train_y, test_x, test_y, classes)
 
 
+def as_cifar_shape(dataset):
+    """28x28 grey images (Fashion-MNIST) in CIFAR-10's input shape: centred in 32x32 with a
+    2-pixel black border, the grey value copied to the three channels, uint8 like CIFAR-10."""
+    def convert(images):
+        pixels = np.round(images.reshape(len(images), 28, 28) * 255.0).astype(np.uint8)
+        padded = np.pad(pixels, ((0, 0), (2, 2), (2, 2)))
+        return np.repeat(padded[..., np.newaxis], CIFAR_CHANNELS, axis=3)
+    return Dataset(dataset.name, convert(dataset.train_x), dataset.train_y,
+                   convert(dataset.test_x), dataset.test_y, dataset.num_classes)
+
+
 def load_cifar(name, data_dir, train=None, test=None):
-    """CIFAR-shaped data by name: cifar10 (binary batches in DATA_DIR) or synthetic (offline)."""
+    """CIFAR-shaped data by name: cifar10 (binary batches in DATA_DIR), fashion_mnist (its IDX
+    files in DATA_DIR, brought to 32x32x3) or synthetic (offline)."""
     if name == "cifar10":
         return load_cifar10(data_dir)
+    if name == "fashion_mnist":
+        return as_cifar_shape(load_mnist(data_dir, flat=False, name=name))
     if name == "synthetic":
         return synthetic_cifar10(train or 2000, test or 500)
-    raise SystemExit("unknown --dataset %r: choose cifar10 or synthetic" % name)
+    raise SystemExit("unknown --dataset %r: choose cifar10, fashion_mnist or synthetic" % name)
 
 
 # ---------------------------------------------------------------- UCI Adult census (CSV)

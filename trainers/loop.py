@@ -156,6 +156,20 @@ class Progress:
         return result
 
 
+def run_step(sess, fetches, feed_dict, attempts=3):
+    """sess.run, taken again when a ps refused gRPC's own resend of this request ("received
+    twice"): on a loaded host gRPC resends a slow RunGraph and TensorFlow aborts the copy
+    (pytorch/xla#4084). In async training the step is simply taken again."""
+    import tensorflow as tf
+    for attempt in range(attempts):
+        try:
+            return sess.run(fetches, feed_dict=feed_dict)
+        except tf.errors.AbortedError as err:
+            if "received twice" not in str(err) or attempt == attempts - 1:
+                raise
+            bootstrap.log("a ps refused a resent request (received twice); taking the step again")
+
+
 def train_replica(info, sess, saver, args, model, dataset, target, feed=None, eval_batch_size=0):
     """A between-graph worker's loop on its shard of DATASET up to global step TARGET;
     returns (its Progress, stopped; EVALUATE() -> test (loss, accuracy)).
@@ -182,7 +196,7 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
             (loss, step), progress.step_stats = models.traced_run(sess, fetches, feed_dict)
             progress.devices = models.placed_devices(progress.step_stats, info.device)
         else:
-            loss, step = sess.run(fetches, feed_dict=feed_dict)
+            loss, step = run_step(sess, fetches, feed_dict)
         if "step_after" not in model:
             # A fresh read: the step fetched with train_op may predate this update (#11753).
             step = sess.run(model["global_step"])
