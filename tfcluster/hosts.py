@@ -49,8 +49,11 @@ class AgentLink:
         return self.machine.root.rstrip("/") + "/tfcluster_agent/agent.py"
 
     # ------------------------------------------------------------ opening
-    def open(self, timeout=None):
-        """Start the agent and wait for its hello; HostError with the reason otherwise."""
+    def open(self, timeout=None, first=None):
+        """Start the agent and wait for its hello; HostError with the reason otherwise.
+
+        FIRST, a request, goes out at once behind the start (its reply: `reply_to`), so that
+        starting the agent and its first answer cost one round trip, not two."""
         timeout = timeout or self.machine.connect_timeout + 20
         argv = [self.machine.python, self.agent_path, "serve"]
         try:
@@ -75,6 +78,8 @@ class AgentLink:
                          threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True)]
         for reader in self._readers:
             reader.start()
+        if first is not None:
+            self.send(first)
         reply = self._wait_reply(timeout, "to start its agent")
         if not isinstance(reply, P.Hello):
             raise HostError(self.machine, "the agent answered %r instead of hello" % (reply,))
@@ -154,6 +159,10 @@ class AgentLink:
     def request(self, msg, timeout, what="", collect=None):
         """Send MSG and wait for its reply; File messages on the way go to COLLECT."""
         self.send(msg)
+        return self.reply_to(msg, timeout, what, collect)
+
+    def reply_to(self, msg, timeout, what="", collect=None):
+        """Wait for the reply to MSG, sent already."""
         deadline = time.monotonic() + timeout
         while True:
             reply = self._wait_reply(max(0.0, deadline - time.monotonic()), what or "to " + msg.kind)

@@ -7,10 +7,8 @@ import hashlib
 import json
 import os
 import socket
-import subprocess
 import sys
 
-from tfcluster_agent import datafiles
 from tfcluster_agent.protocol import code_hash
 from tfcluster_agent.supervisor import boot_id
 
@@ -134,6 +132,7 @@ def python_report(python, cache_dir=None):
         exec(LOCATE_TENSORFLOW, scope)
         found = scope["found"]
     else:
+        import subprocess
         try:
             out = subprocess.run([python, "-c", LOCATE_TENSORFLOW + "print(found)"],
                                  capture_output=True, text=True, timeout=60)
@@ -155,6 +154,7 @@ def python_report(python, cache_dir=None):
                 return dict(json.load(handle), cached=True)
         except (OSError, ValueError):
             pass  # a damaged cache entry is checked again
+    import subprocess
     probe = "import tensorflow as tf, sys; print(tf.__version__); print(sys.version.split()[0])"
     try:
         out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120,
@@ -177,6 +177,10 @@ def python_report(python, cache_dir=None):
 
 def gpu_names():
     """The lines of `nvidia-smi -L` ("GPU 0: NAME (UUID: ...)"); none without a driver."""
+    if not any(os.access(os.path.join(folder, "nvidia-smi"), os.X_OK)
+               for folder in os.environ.get("PATH", os.defpath).split(os.pathsep)):
+        return []  # no driver tools: no process to start
+    import subprocess
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
@@ -191,6 +195,7 @@ def preflight_report(python, ports, code_dir, cache_dir=None, datasets=()):
     report["ports"] = {str(p): port_is_free(int(p)) for p in ports}
     report["code_hash"] = code_hash(code_dir) if os.path.isdir(code_dir) else None
     report["gpus"] = gpu_names()
+    from tfcluster_agent import datafiles
     missing = {folder: datafiles.missing_files(name, folder) for name, folder in datasets}
     report["missing_data"] = {folder: names for folder, names in missing.items() if names}
     return report
