@@ -55,7 +55,9 @@ class AgentLink:
         FIRST, a request, goes out at once behind the start (its reply: `reply_to`), so that
         starting the agent and its first answer cost one round trip, not two."""
         timeout = timeout or self.machine.connect_timeout + 20
-        argv = [self.machine.python, self.agent_path, "serve"]
+        # The package folder, not agent.py: its __main__ keeps the agent's compiled code in the
+        # user's cache; -B: none next to the deployed code (__main__ itself is not cached).
+        argv = [self.machine.python, "-B", os.path.dirname(self.agent_path), "serve"]
         try:
             if self.machine.is_local:
                 # Its own session: a Ctrl-C in this terminal is the launcher's to handle.

@@ -20,11 +20,10 @@ import select
 import sys
 import time
 
-# The deployed code stays as deploy left it (its hash is checked): no __pycache__ next to it.
-# Its compiled modules go to the user's cache instead, so a start does not compile them again.
-sys.pycache_prefix = sys.pycache_prefix or os.path.join(
-    os.path.expanduser("~"), ".cache", "tfcluster", "pycache")
-sys.dont_write_bytecode = False
+# The deployed code stays as deploy left it (its hash is checked): no __pycache__ next to it
+# (started through __main__.py, compiled modules go to the user's cache instead).
+if not sys.pycache_prefix:
+    sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tfcluster_agent import protocol as P  # noqa: E402
 from tfcluster_agent import supervisor as S  # noqa: E402
