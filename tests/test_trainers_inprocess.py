@@ -228,3 +228,37 @@ def test_ps_strategy_chief(tf, capsys):
                               "learning_rate": 0.5}, cluster())
     check(result, capsys.readouterr().out, "chief:0")
     assert result["steps_applied"] == 30 and result["num_ps"] == 1
+
+
+# ---------------------------------------------------------------- the entry point's one read
+
+def test_the_environment_is_read_at_the_entry_point_only():
+    """Library code takes what it needs as arguments: only main_guard, the entry point every
+    trainer's __main__ calls, touches os.environ and sys.argv."""
+    import pathlib
+    folder = pathlib.Path(bootstrap.__file__).parent
+    readers = {path.name for path in folder.glob("*.py")
+               if "os.environ" in path.read_text() or "sys.argv" in path.read_text()}
+    assert readers == {"bootstrap.py"}
+    source = pathlib.Path(bootstrap.__file__).read_text()
+    outside = [line for line in source.split("\ndef ")
+               if ("os.environ" in line or "sys.argv" in line)
+               and not line.startswith(("main_guard(", "quiet_tensorflow("))]
+    assert outside == []
+
+
+def test_cluster_and_task_env_come_from_the_environ_given():
+    environ = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"]},
+                                        "task": {"type": "worker", "index": 1}}),
+               "TFCLUSTER_RUN_DIR": "/runs/r1", "TFCLUSTER_RESTARTS": "1",
+               "TF_NUM_INTRAOP_THREADS": "3", "TF_NUM_INTEROP_THREADS": ""}
+    args = mnist_replica.build_parser().parse_args([])
+    info = bootstrap.cluster_from_args(args, environ)
+    assert (info.job, info.index, info.num_workers, info.num_ps) == ("worker", 1, 2, 1)
+    assert info.env == bootstrap.TaskEnv(run_dir="/runs/r1", restarted=True,
+                                         intra_op_threads=3, inter_op_threads=0)
+    flags = mnist_replica.build_parser().parse_args(
+        ["--job_name=ps", "--ps_hosts=c:3", "--worker_hosts=a:1"])
+    assert bootstrap.cluster_from_args(flags, {}).label == "ps:0"
+    with pytest.raises(SystemExit, match="no cluster given"):
+        bootstrap.cluster_from_args(args, {})

@@ -168,8 +168,8 @@ def start_server(info):
 def main(argv, environ):
     """The command line and the environment, read here only; the result line at the end."""
     args = build_parser().parse_args(argv)
-    cluster = bootstrap.cluster_from_args(args, environ)
-    ensure_inter_op_threads(environ)  # before TensorFlow starts: it reads the variable
+    ensure_inter_op_threads(environ)  # before TensorFlow starts (it reads the variable)
+    cluster = bootstrap.cluster_from_args(args, environ)  # and before the cluster's TaskEnv
     return bootstrap.report_and_exit(run(args, cluster))
 
 
