@@ -6,6 +6,7 @@ Graph-mode trainers build in a graph of their own and use local sessions: no ser
 Three need servers by design and get them here, in this process, on free loopback ports:
 data_parallel (the master and its worker exchange through queues on the master's server),
 ps_strategy (the coordinator reaches its workers over gRPC only) and grpc_server (it is one).
+TensorFlow cannot stop a server: theirs end, and their ports are freed, with the test process.
 """
 import io
 import json
