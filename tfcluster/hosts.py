@@ -139,6 +139,9 @@ class AgentLink:
         if "can't open file" in err:
             return ("no tfcluster agent at %s: run ansible-playbook playbooks/deploy.yml"
                     % self.agent_path)
+        if "can't find '__main__' module" in err:  # code deployed before the agent had one
+            return ("the tfcluster code at %s is older than this controller's: run "
+                    "ansible-playbook playbooks/deploy.yml" % os.path.dirname(self.agent_path))
         last = err.strip().splitlines()[-1] if err.strip() else "connection closed"
         return "the agent ended (%s)" % last
 
