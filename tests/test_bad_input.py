@@ -211,3 +211,18 @@ def test_template_errors_are_usage_errors_before_preflight():
             check_templates(custom_example(text, "chief"), cluster)
     for example in load_catalog().values():
         check_templates(example, cluster)
+
+
+def test_code_deployed_before_the_agent_had_a_main_asks_for_a_deploy(tmp_path):
+    """A host whose tfcluster code predates `python -B ROOT/tfcluster_agent serve`."""
+    import queue
+    import shutil
+    import sys
+    from tfcluster.hosts import AgentLink, HostError
+    (tmp_path / "tfcluster_agent").mkdir()
+    shutil.copy(os.path.join(REPO, "tfcluster_agent", "agent.py"), tmp_path / "tfcluster_agent")
+    machine = Machine(address="localhost", connection="local", python=sys.executable,
+                      root=str(tmp_path))
+    with pytest.raises(HostError, match="older than this controller's: run ansible-playbook "
+                                        "playbooks/deploy.yml"):
+        AgentLink(machine, queue.Queue()).open(timeout=30)

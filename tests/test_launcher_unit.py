@@ -28,9 +28,15 @@ class FakeLink:
         self.last_heard = time.monotonic()
         self.alive, self.starts, self.specs = set(), {}, []
 
-    def open(self):
+    def open(self, first=None):
         self.hello = P.Hello(pid=1, hostname=self.machine.address, boot_id="b")
         return self
+
+    def send(self, msg):
+        pass  # answered by reply_to
+
+    def reply_to(self, msg, timeout, what="", collect=None):
+        return self.request(msg, timeout, what, collect)
 
     def emit(self, msg):
         self.events.put((self.machine.key, msg))

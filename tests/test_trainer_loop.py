@@ -17,9 +17,8 @@ def parsed_lines(text, kind):
 
 @pytest.fixture
 def no_tensorflow(monkeypatch):
-    """Progress without TensorFlow: no GPU count, no run folder (so no event files)."""
+    """Progress without TensorFlow: no GPU count (and no run folder: no event files)."""
     monkeypatch.setattr(loop, "num_gpus", lambda: 0)
-    monkeypatch.delenv("TFCLUSTER_RUN_DIR", raising=False)
 
 
 def test_progress_reports_ten_points_by_default_and_the_result_schema(no_tensorflow, capsys):
@@ -68,10 +67,10 @@ def test_trainer_parser_has_seed_and_log_every():
 
 
 @pytest.mark.slow
-def test_event_files_load_in_tensorflows_reader(tmp_path, monkeypatch, capsys):
+def test_event_files_load_in_tensorflows_reader(tmp_path, capsys):
     import tensorflow as tf
-    monkeypatch.setenv("TFCLUSTER_RUN_DIR", str(tmp_path))
-    info = bootstrap.ClusterInfo({"chief": ["a:1"], "worker": ["b:1"]}, "chief", 0)
+    info = bootstrap.ClusterInfo({"chief": ["a:1"], "worker": ["b:1"]}, "chief", 0,
+                                 bootstrap.TaskEnv(run_dir=str(tmp_path)))
     progress = loop.Progress(info, argparse.Namespace(log_every=1), 8, 0, 2.0, 0.1)
     for step in range(1, 4):
         progress.tick(step, loss=np.float32(1.0 / step))  # as sess.run returns it

@@ -49,10 +49,15 @@ class AgentLink:
         return self.machine.root.rstrip("/") + "/tfcluster_agent/agent.py"
 
     # ------------------------------------------------------------ opening
-    def open(self, timeout=None):
-        """Start the agent and wait for its hello; HostError with the reason otherwise."""
+    def open(self, timeout=None, first=None):
+        """Start the agent and wait for its hello; HostError with the reason otherwise.
+
+        FIRST, a request, goes out at once behind the start (its reply: `reply_to`), so that
+        starting the agent and its first answer cost one round trip, not two."""
         timeout = timeout or self.machine.connect_timeout + 20
-        argv = [self.machine.python, self.agent_path, "serve"]
+        # The package folder, not agent.py: its __main__ keeps the agent's compiled code in the
+        # user's cache; -B: none next to the deployed code (__main__ itself is not cached).
+        argv = [self.machine.python, "-B", os.path.dirname(self.agent_path), "serve"]
         try:
             if self.machine.is_local:
                 # Its own session: a Ctrl-C in this terminal is the launcher's to handle.
@@ -75,6 +80,8 @@ class AgentLink:
                          threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True)]
         for reader in self._readers:
             reader.start()
+        if first is not None:
+            self.send(first)
         reply = self._wait_reply(timeout, "to start its agent")
         if not isinstance(reply, P.Hello):
             raise HostError(self.machine, "the agent answered %r instead of hello" % (reply,))
@@ -132,6 +139,9 @@ class AgentLink:
         if "can't open file" in err:
             return ("no tfcluster agent at %s: run ansible-playbook playbooks/deploy.yml"
                     % self.agent_path)
+        if "can't find '__main__' module" in err:  # code deployed before the agent had one
+            return ("the tfcluster code at %s is older than this controller's: run "
+                    "ansible-playbook playbooks/deploy.yml" % os.path.dirname(self.agent_path))
         last = err.strip().splitlines()[-1] if err.strip() else "connection closed"
         return "the agent ended (%s)" % last
 
@@ -154,6 +164,10 @@ class AgentLink:
     def request(self, msg, timeout, what="", collect=None):
         """Send MSG and wait for its reply; File messages on the way go to COLLECT."""
         self.send(msg)
+        return self.reply_to(msg, timeout, what, collect)
+
+    def reply_to(self, msg, timeout, what="", collect=None):
+        """Wait for the reply to MSG, sent already."""
         deadline = time.monotonic() + timeout
         while True:
             reply = self._wait_reply(max(0.0, deadline - time.monotonic()), what or "to " + msg.kind)

@@ -31,18 +31,18 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
 
     def check(link):
         machine = link.machine
-        if link.hello is None:
-            link.open()
         ports = [t.port for t in cluster.tasks if t.machine.key == machine.key and t.port]
         # The host's own cache: TensorFlow is imported once per interpreter and install, not at
         # every launch (16 test hosts on one machine would import it 16 times a launch).
         cache = "~/.cache/tfcluster"
-        return link.request(P.Preflight(python=machine.python, ports=ports,
-                                        code_dir=machine.root,
-                                        cache_dir=cache,
-                                        datasets=data_needs.get(machine.key, []),
-                                        nvidia_smi=machine.nvidia_smi),
-                            timeout=IMPORT_SECONDS, what="to the preflight").report
+        request = P.Preflight(python=machine.python, ports=ports, code_dir=machine.root,
+                              cache_dir=cache, datasets=data_needs.get(machine.key, []),
+                              nvidia_smi=machine.nvidia_smi)
+        if link.hello is None:
+            link.open(first=request)  # the preflight rides with the agent's start
+        else:
+            link.send(request)
+        return link.reply_to(request, timeout=IMPORT_SECONDS, what="to the preflight").report
 
     machines = [m for m, _ in cluster.machines()]
     outcomes = hosts.each(check, machines,

@@ -11,29 +11,30 @@ lease run out and the supervisors stop the tasks.
 `agent.py serve` attached to an existing run folder (from a new shell: status, logs, stop) reads
 the folder's records and follows its log files instead.
 """
-import argparse
-import base64
+# Its start is each host's cost per launch: only what the first message needs is imported here;
+# the rest (argparse, hostinfo, threading, base64...) where it is used.
+import _thread
 import json
 import os
-import re
 import select
-import socket
 import sys
-import threading
 import time
 
-# The deployed code stays as deploy left it (its hash is checked): no __pycache__ next to it.
-sys.dont_write_bytecode = True
+# The deployed code stays as deploy left it (its hash is checked): no __pycache__ next to it
+# (started through __main__.py, compiled modules go to the user's cache instead).
+if not sys.pycache_prefix:
+    sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tfcluster_agent import gpuinfo  # noqa: E402
 from tfcluster_agent import protocol as P  # noqa: E402
-from tfcluster_agent.gpuclaims import GpuClaims  # noqa: E402
 from tfcluster_agent import supervisor as S  # noqa: E402
-from tfcluster_agent.runmodel import TaskSpec  # noqa: E402
-from tfcluster_agent.hostinfo import (PortClaims, port_is_free, port_is_listening,  # noqa: E402
-                               preflight_report)
 
-TASK_NAME = re.compile(r"^[a-z][a-z0-9]*-[0-9]+$")
+
+def is_task_name(name):
+    """JOB-INDEX, e.g. worker-0: lowercase job (letter first, then letters or digits), a number."""
+    job, dash, index = str(name).rpartition("-")
+    return bool(dash and job[:1].isalpha() and job.isalnum() and job.isascii() and
+                job == job.lower() and index.isdigit() and index.isascii())
+
 HEARTBEAT_SECONDS = 1.0
 TICK = 0.05  # while a port is awaited or a folder is followed without supervisors of ours
 CHUNK = 256 * 1024
@@ -59,14 +60,28 @@ class Agent:
         self.run_dir = None
         self.lease = 0.0
         self.tasks = {}
-        self.claims = PortClaims()
-        self.gpu_claims = GpuClaims()
-        self.send_lock = threading.Lock()
+        self._claims = None
+        self._gpu_claims = None
+        self.send_lock = _thread.allocate_lock()
         self.stopping = None  # (done event, names, ports, result, deadline)
         # A stop thread that is done writes here, so the loop answers at once, not a tick later.
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
         os.set_blocking(self.wake_write, False)
+
+    @property
+    def claims(self):
+        if self._claims is None:
+            from tfcluster_agent.hostinfo import PortClaims
+            self._claims = PortClaims()
+        return self._claims
+
+    @property
+    def gpu_claims(self):
+        if self._gpu_claims is None:
+            from tfcluster_agent.gpuclaims import GpuClaims
+            self._gpu_claims = GpuClaims()
+        return self._gpu_claims
 
     # ------------------------------------------------------------ talking
     def send(self, msg):
@@ -91,6 +106,7 @@ class Agent:
         pass
 
     def on_preflight(self, msg):
+        from tfcluster_agent.hostinfo import preflight_report
         report = preflight_report(msg.python, msg.ports, msg.code_dir, msg.cache_dir or None,
                                   msg.datasets, msg.nvidia_smi, set(self.gpu_claims.held))
         report["port_holders"] = self.claims.claim(
@@ -103,12 +119,14 @@ class Agent:
         self.send(P.Report(report=self.gpu_claims.claim(msg.gpus, msg.run, msg.wait)))
 
     def on_gpu_query(self, msg):
+        from tfcluster_agent import gpuinfo
         self.send(P.Report(report=gpuinfo.host_gpus(msg.nvidia_smi, set(self.gpu_claims.held))))
 
     def on_start(self, msg):
+        from tfcluster_agent.runmodel import TaskSpec
         specs = [TaskSpec.from_json(spec) for spec in msg.tasks]
         for spec in specs:
-            if not TASK_NAME.match(str(spec.name)):
+            if not is_task_name(spec.name):
                 raise ValueError("bad task name %r" % spec.name)
         if msg.restart:
             if msg.run_dir != self.run_dir:
@@ -170,7 +188,7 @@ class Agent:
         self.run_dir = msg.run_dir
         states = {}
         for name in S.task_names(msg.run_dir):
-            if not TASK_NAME.match(name):
+            if not is_task_name(name):
                 continue
             offset = 0
             if not msg.from_start:
@@ -190,8 +208,9 @@ class Agent:
             self.send(P.Stopped(tasks={}, busy_ports=[], remaining=[]))
             return
         names = [n for n in (msg.names or list(self.tasks) or S.task_names(self.run_dir or ""))
-                 if TASK_NAME.match(n)]
+                 if is_task_name(n)]
         result = {}
+        import threading
 
         def stop_all():
             def stop_one(name):
@@ -222,6 +241,7 @@ class Agent:
                          time.monotonic() + msg.grace + 15)
 
     def on_collect(self, msg):
+        import base64
         count = 0
         for folder in msg.folders if self.run_dir else ():
             top = os.path.join(self.run_dir, folder)
@@ -271,6 +291,7 @@ class Agent:
                     task.pid_sent = True
                     self.send(P.Started(name=task.name, pid=record["pid"], time=time.time()))
             if not task.listening:
+                from tfcluster_agent.hostinfo import port_is_listening
                 task.listening = port_is_listening(task.port)
                 if task.listening:
                     self.send(P.Listening(name=task.name, port=task.port))
@@ -306,6 +327,7 @@ class Agent:
         ours = [self.tasks[n] for n in names if n in self.tasks]
         if any(not t.exit_sent for t in ours) and time.monotonic() < deadline:
             return  # their last output and exit status are still on the way
+        from tfcluster_agent.hostinfo import port_is_free
         busy = [p for p in ports if not port_is_free(p)]
         if busy and time.monotonic() < deadline:
             return
@@ -315,7 +337,8 @@ class Agent:
 
     def serve(self, stdin_fd=0):
         os.umask(0o077)
-        self.send(P.Hello(pid=os.getpid(), hostname=socket.gethostname(), boot_id=S.boot_id()))
+        # uname's node name is socket.gethostname() without importing socket.
+        self.send(P.Hello(pid=os.getpid(), hostname=os.uname().nodename, boot_id=S.boot_id()))
         buffer, stdin_open, last_beat = b"", True, 0.0
         while True:
             fds = [t.supervisor.stdout.fileno() for t in self.tasks.values()
@@ -349,7 +372,8 @@ class Agent:
             if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
                 last_beat = time.monotonic()
                 self.send(P.Heartbeat())
-                self.gpu_claims.touch()
+                if self._gpu_claims is not None:
+                    self._gpu_claims.touch()
 
 
 # ---------------------------------------------------------------- command line
@@ -360,7 +384,7 @@ def cmd_serve(args):
 
 def cmd_stop(args):
     """Stop every task of a run folder (playbooks/stop.yml); verified identities only."""
-    names = [n for n in S.task_names(args.dir) if TASK_NAME.match(n)]
+    names = [n for n in S.task_names(args.dir) if is_task_name(n)]
     result = {}
     for name in names:
         alive = S.task_state(args.dir, name)["alive"]
@@ -375,6 +399,7 @@ def cmd_hash(args):
 
 
 def build_parser():
+    import argparse
     parser = argparse.ArgumentParser(prog="agent.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     code_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -391,6 +416,9 @@ def build_parser():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["serve"]:  # every launch on every host: no argparse for it
+        return cmd_serve(None)
     args = build_parser().parse_args(argv)
     args.func(args)
 

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 
@@ -128,6 +127,7 @@ def python_report(python, cache_dir=None):
         exec(LOCATE_TENSORFLOW, scope)
         found = scope["found"]
     else:
+        import subprocess
         try:
             out = subprocess.run([python, "-c", LOCATE_TENSORFLOW + "print(found)"],
                                  capture_output=True, text=True, timeout=60)
@@ -149,6 +149,7 @@ def python_report(python, cache_dir=None):
                 return dict(json.load(handle), cached=True)
         except (OSError, ValueError):
             pass  # a damaged cache entry is checked again
+    import subprocess
     probe = "import tensorflow as tf, sys; print(tf.__version__); print(sys.version.split()[0])"
     try:
         out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120,

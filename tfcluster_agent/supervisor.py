@@ -15,10 +15,9 @@ import fcntl
 import json
 import os
 import select
-import signal
-import subprocess
-import threading
 import time
+
+# signal, subprocess and threading are imported where used: the agent's start pays for none.
 
 LEASE_CHECK_SECONDS = 1.0
 
@@ -134,6 +133,7 @@ def kill_group(run_dir, name, grace, reap=None):
 
     The task's parent calls it with REAP (its poll): a dead leader is a zombie, and so still
     "ours", until its parent reaps it."""
+    import signal
     record = read_json(os.path.join(run_dir, name + ".pid"))
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
         if not group_is_ours(record):
@@ -167,6 +167,7 @@ class Forked:
     The lock lets the agent's stop threads poll while its main loop waits."""
 
     def __init__(self, pid, stdout):
+        import threading
         self.pid, self.stdout, self.returncode = pid, stdout, None
         self._lock = threading.Lock()
 
@@ -192,6 +193,7 @@ def fork(run_dir, name, lease, spec, keep_fd=None, keep_fds=()):
     stderr, its stdout the pipe to the agent, KEEP_FD (the port's claim) and KEEP_FDS (its
     GPUs' claims) as descriptors 3 and up, every other descriptor closed, default signals.
     It never returns into the agent's code."""
+    import signal
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -221,6 +223,7 @@ def fork(run_dir, name, lease, spec, keep_fd=None, keep_fds=()):
 
 def supervise(run_dir, name, lease, spec, out_fd):
     """Run the task of SPEC (a TaskSpec); its output goes to NAME.log and to OUT_FD (the agent)."""
+    import subprocess
     base = os.path.join(run_dir, name)
     env = dict(os.environ)
     env.update(spec.env)

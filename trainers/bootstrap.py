@@ -4,6 +4,7 @@ result line. The training loop itself (clock, metrics, TensorBoard, result schem
 Host side: imports TensorFlow, numpy and the standard library only, never tfcluster.
 """
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -16,13 +17,35 @@ RESULT_PREFIX = protocol.RESULT_PREFIX
 DEFAULT_SEED = 0
 
 
-class ClusterInfo:
-    """This task's place in the cluster: {job: [host:port]}, its job name and index."""
+@dataclasses.dataclass(frozen=True)
+class TaskEnv:
+    """What the launcher tells a task through its environment, read once, at the entry point."""
+    run_dir: str = ""           # TFCLUSTER_RUN_DIR: TensorBoard events go under it
+    restarted: bool = False     # TFCLUSTER_RESTARTS: a restarted task skips the start barrier
+    intra_op_threads: int = 0   # TF_NUM_INTRAOP_THREADS (0: TensorFlow chooses)
+    inter_op_threads: int = 0   # TF_NUM_INTEROP_THREADS
 
-    def __init__(self, jobs, job, index):
+    @classmethod
+    def from_environ(cls, environ):
+        return cls(run_dir=environ.get("TFCLUSTER_RUN_DIR", ""),
+                   restarted=bool(environ.get("TFCLUSTER_RESTARTS")),
+                   intra_op_threads=int(environ.get("TF_NUM_INTRAOP_THREADS", 0) or 0),
+                   inter_op_threads=int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0))
+
+
+class ClusterInfo:
+    """This task's place in the cluster: {job: [host:port]}, its job name and index, and its
+    environment (a TaskEnv).
+
+    IN_PROCESS: no server; every job's devices are this process's (a local session, soft
+    placement), so a between-graph program runs as one task in a test."""
+
+    def __init__(self, jobs, job, index, env=None, in_process=False):
         self.jobs = {name: list(addresses) for name, addresses in jobs.items() if addresses}
         self.job = job
         self.index = index
+        self.env = env or TaskEnv()
+        self.in_process = in_process
 
     @property
     def num_workers(self):
@@ -84,32 +107,52 @@ def parse_dist_test_spec(text):
         raise SystemExit("--cluster_spec: %s" % err) from None
 
 
-def cluster_from_args(args, environ=None):
-    environ = os.environ if environ is None else environ
+def has_cluster(args, environ):
+    """True when the command line or TF_CONFIG names a cluster."""
+    return bool(args.job_name or environ.get("TF_CONFIG"))
+
+
+def cluster_from_args(args, environ):
+    """The cluster of the command line ARGS, else of ENVIRON's TF_CONFIG, with ENVIRON's TaskEnv:
+    the one place a trainer reads its environment."""
+    env = TaskEnv.from_environ(environ)
     if args.job_name:
         if args.cluster_spec:
             jobs = parse_dist_test_spec(args.cluster_spec)
         else:
             jobs = {"ps": [h for h in args.ps_hosts.split(",") if h],
                     "worker": [h for h in args.worker_hosts.split(",") if h]}
-        return ClusterInfo(jobs, args.job_name, args.task_index)
+        return ClusterInfo(jobs, args.job_name, args.task_index, env)
     return cluster_from_tf_config(environ)
 
 
-def cluster_from_tf_config(environ=None):
-    environ = os.environ if environ is None else environ
+def cluster_from_tf_config(environ):
     if environ.get("TF_CONFIG"):
         config = json.loads(environ["TF_CONFIG"])
-        return ClusterInfo(config["cluster"], config["task"]["type"], int(config["task"]["index"]))
+        return ClusterInfo(config["cluster"], config["task"]["type"],
+                           int(config["task"]["index"]), TaskEnv.from_environ(environ))
     raise SystemExit("no cluster given: pass --job_name with --ps_hosts/--worker_hosts "
                      "(or --cluster_spec), or set TF_CONFIG")
 
 
-def thread_counts(environ=None):
-    """Intra/inter-op thread counts the launcher gave this task (0 lets TensorFlow choose)."""
-    environ = os.environ if environ is None else environ
-    return (int(environ.get("TF_NUM_INTRAOP_THREADS", 0) or 0),
-            int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0))
+def in_process_cluster(jobs=None, job="worker", index=0, env=None):
+    """A cluster whose tasks all run in this process (tests): JOBS default to one worker."""
+    jobs = jobs or {"worker": ["localhost:0"]}
+    return ClusterInfo(jobs, job, index, env, in_process=True)
+
+
+def options(parser, given):
+    """GIVEN (a dict, or the parsed command line) over PARSER's defaults, as a frozen dataclass
+    whose fields are the flags' destinations; a key the parser does not know is an error."""
+    values = vars(parser.parse_args([]))
+    given = vars(given) if isinstance(given, argparse.Namespace) else dict(given)
+    unknown = sorted(set(given) - set(values))
+    if unknown:
+        raise TypeError("unknown option(s) %s; known: %s" % (", ".join(unknown),
+                                                            ", ".join(sorted(values))))
+    values.update(given)
+    cls = dataclasses.make_dataclass("Options", sorted(values), frozen=True)
+    return cls(**values)
 
 
 def session_config(info, device_filters=True):
@@ -117,18 +160,25 @@ def session_config(info, device_filters=True):
 
     Device filters keep a worker from waiting on other workers in CreateSession: without them a
     worker blocks forever once another worker has exited (TensorFlow issues #7376, #11753).
+    In process there is no other task to filter out.
     """
     import tensorflow as tf
-    intra, inter = thread_counts()
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True,
-                                      intra_op_parallelism_threads=intra,
-                                      inter_op_parallelism_threads=inter)
-    if device_filters and info.job != "ps":
+                                      intra_op_parallelism_threads=info.env.intra_op_threads,
+                                      inter_op_parallelism_threads=info.env.inter_op_threads)
+    if device_filters and info.job != "ps" and not info.in_process:
         config.device_filters[:] = ["/job:ps", info.device]
     return config
 
 
+class InProcessServer:
+    """Stands in for the server of an in-process cluster: sessions are local."""
+    target = ""
+
+
 def start_server(info, config=None):
+    if info.in_process:
+        return InProcessServer()
     import tensorflow as tf
     server = tf.compat.v1.train.Server(info.cluster_spec(), job_name=info.job,
                                        task_index=info.index,
@@ -159,11 +209,13 @@ class ExistingServer:
 
 
 def run_between_graph(info, load_dataset, train, existing_servers=False, seed=DEFAULT_SEED):
-    """The classic replica program: a ps serves until stopped; a worker trains and reports.
+    """The classic replica program: a ps serves until stopped (None); a worker trains and
+    returns its results dict.
 
     LOAD_DATASET() runs on workers only, before the server starts; TRAIN(info, server, dataset)
     returns the results dict. With EXISTING_SERVERS the workers use servers started apart.
-    The graph is seeded with SEED before TRAIN builds it."""
+    The graph (a new one: runs in one process do not share it) is seeded with SEED before TRAIN
+    builds it."""
     if info.job not in ("ps", "worker"):
         raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
     if existing_servers and info.job == "ps":
@@ -171,14 +223,13 @@ def run_between_graph(info, load_dataset, train, existing_servers=False, seed=DE
                          "start the ps servers with `python -m trainers.grpc_server`")
     dataset = load_dataset() if info.job == "worker" else None
     import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    seed_everything(seed)
-    server = ExistingServer(info) if existing_servers else start_server(info)
-    if info.job == "ps":
-        serve_forever(server, info)
-        return 0
-    report(train(info, server, dataset))
-    return 0
+    with tf.Graph().as_default():
+        seed_everything(seed)
+        server = ExistingServer(info) if existing_servers else start_server(info)
+        if info.job == "ps":
+            serve_forever(server, info)
+            return None
+        return train(info, server, dataset)
 
 
 def add_training_flags(parser, log_every=0):
@@ -220,12 +271,26 @@ def session_manager(ready_op=None, local_init_op=None, ready_for_local_init_op=N
 def prepare_session(info, server, manager, init_op, saver, checkpoint_dir, config,
                     max_wait_secs=300):
     """The chief restores the last checkpoint or initialises; the others wait for it."""
+    if info.in_process:
+        localize_devices()
     if info.is_chief:
         sess = manager.prepare_session(server.target, init_op=init_op, saver=saver,
                                        checkpoint_dir=checkpoint_dir or None, config=config)
     else:
         sess = manager.wait_for_session(server.target, config=config, max_wait_secs=max_wait_secs)
     return sess
+
+
+def localize_devices(graph=None):
+    """Every op of GRAPH (the default graph) on this process's devices: its job and task are
+    dropped, its device type and index kept. A local session cannot honour /job:ps placements
+    that ops are colocated on, even with soft placement."""
+    import tensorflow as tf
+    graph = graph or tf.compat.v1.get_default_graph()
+    for op in graph.get_operations():
+        if op.device:
+            spec = tf.DeviceSpec.from_string(op.device)
+            op._set_device(spec.replace(job=None, replica=None, task=None).to_string())
 
 
 def graph_session(info, server, checkpoint_dir, config=None, **manager_ops):
@@ -267,7 +332,7 @@ def start_barrier(sess, info, timeout_s=600):
     start (TensorFlow's import) was slower can find the target step already reached."""
     import tensorflow as tf
     ops = tf.compat.v1.get_collection(BARRIER)
-    if not ops or os.environ.get("TFCLUSTER_RESTARTS"):
+    if not ops or info.env.restarted:
         return  # a restarted worker rejoins a job under way: nobody waits for it any more
     sess.run(ops[0])
     try:
@@ -327,11 +392,25 @@ class Timer:
         return time.monotonic() - self.start
 
 
-def main_guard(run, argv=None):
-    """Run a trainer's main quietly; Ctrl-C exits 130. A SystemExit message (bad flags,
-    missing data) prints and exits 1, without a traceback."""
+def main_guard(main):
+    """Run a trainer's MAIN(argv, environ) quietly, on this process's command line and
+    environment; Ctrl-C exits 130. A SystemExit message (bad flags, missing data) prints and
+    exits 1, without a traceback."""
     quiet_tensorflow()
     try:
-        return run(argv if argv is not None else sys.argv[1:])
+        return main(sys.argv[1:], os.environ)
     except KeyboardInterrupt:
         return 130
+
+
+def graph_mode():
+    """The process runs TensorFlow 1.x-style graphs (the entry point of a graph trainer)."""
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+
+
+def report_and_exit(result):
+    """An entry point's end: the result line of a task that trained (a ps has none), exit 0."""
+    if result is not None:
+        report(result)
+    return 0

@@ -200,18 +200,34 @@ def _wait_for_others(sess, m, info, start, applier, timeout):
          "the gradients pushed were not all applied")
 
 
-def run(argv):
-    args = build_parser().parse_args(argv)
+def run(options, cluster, env=None):
+    """This task's part: a worker trains and returns its results dict, a ps serves (None);
+    --mode=local trains in this process alone (CLUSTER may be None then; ENV, a
+    bootstrap.TaskEnv, is CLUSTER's by default). OPTIONS: a dict (or parsed flags) over the
+    flags' defaults."""
+    args = bootstrap.options(build_parser(), options)
     check_mode(args.mode)
     if args.mode == "local":
-        return cifar10_local.run(args)
-    info = bootstrap.cluster_from_args(args)
-    check_mode(args.mode, info)
+        return cifar10_local.run(args, cluster, env)
+    check_mode(args.mode, cluster)
     return bootstrap.run_between_graph(
-        info, lambda: model.load(args),
+        cluster, lambda: model.load(args),
         lambda info, server, dataset: train_distributed(info, server, dataset, args),
         seed=args.seed)
 
 
+def main(argv, environ):
+    """The command line and the environment, read here only; the result line at the end."""
+    args = build_parser().parse_args(argv)
+    check_mode(args.mode)
+    local = args.mode == "local"
+    cluster = None
+    if not local or bootstrap.has_cluster(args, environ):
+        cluster = bootstrap.cluster_from_args(args, environ)
+    if not local:
+        bootstrap.graph_mode()  # local mode makes its devices first, then turns graph mode on
+    return bootstrap.report_and_exit(run(args, cluster, bootstrap.TaskEnv.from_environ(environ)))
+
+
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(run))
+    raise SystemExit(bootstrap.main_guard(main))

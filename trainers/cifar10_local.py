@@ -4,9 +4,6 @@ The towers are mnist_towers' (the same devices, the same gradient average): GPUs
 has enough of them, else logical CPU devices. The variables live on the CPU; each tower computes
 the gradients of its slice of the batch on its device, the CPU averages and applies them.
 """
-import os
-
-from tfcluster_agent import protocol
 from trainers import bootstrap, cifar10_model as model, loop, mnist_towers, models
 
 
@@ -52,19 +49,24 @@ def check_devices(args):
     return count
 
 
-def train_local(dataset, args, info=None):
-    """Train to --train_steps in this process; returns the result dict."""
+def train_local(dataset, args, info=None, env=None):
+    """Train to --train_steps in this process (in a graph of its own); returns the result
+    dict. ENV: a bootstrap.TaskEnv (default: INFO's)."""
     import tensorflow as tf
-    v1 = tf.compat.v1
     count = check_devices(args)
     _, devices = mnist_towers.make_devices(count)  # before anything touches the devices
-    v1.disable_eager_execution()
+    env = env or (info.env if info is not None else bootstrap.TaskEnv())
+    with tf.Graph().as_default():
+        return _train_local(tf, dataset, args, info, env, count, devices)
+
+
+def _train_local(tf, dataset, args, info, env, count, devices):
+    v1 = tf.compat.v1
     bootstrap.seed_everything(args.seed)
     m = build_local(dataset, args, devices)
-    intra, inter = bootstrap.thread_counts()
     config = mnist_towers.device_config(v1.ConfigProto(
-        allow_soft_placement=True, intra_op_parallelism_threads=intra,
-        inter_op_parallelism_threads=inter))
+        allow_soft_placement=True, intra_op_parallelism_threads=env.intra_op_threads,
+        inter_op_parallelism_threads=env.inter_op_threads))
     saver = v1.train.Saver(max_to_keep=2)
     sess = bootstrap.session_manager().prepare_session(
         "", init_op=v1.global_variables_initializer(), saver=saver,
@@ -76,7 +78,7 @@ def train_local(dataset, args, info=None):
     start_step = step = int(sess.run(m["global_step"]))
     batches = model.training_batches(dataset, args, seed=args.seed * 1000)
     progress = loop.Progress(info, args, args.batch_size, start_step, *initial,
-                             expected_steps=args.train_steps - start_step)
+                             expected_steps=args.train_steps - start_step, env=env)
     while step < args.train_steps:
         feed = dict(zip((m["images"], m["labels"]), next(batches)))
         if progress.devices is None:  # the first step runs traced: which devices ran towers
@@ -96,9 +98,7 @@ def train_local(dataset, args, info=None):
         session_devices=session_devices))
 
 
-def run(args):
-    info = None
-    if args.job_name or os.environ.get("TF_CONFIG"):
-        info = bootstrap.cluster_from_args(args)
-    protocol.report_result(train_local(model.load(args), args, info))
-    return 0
+def run(args, cluster=None, env=None):
+    """Train on this host's devices; the result dict. ARGS: cifar10's options; CLUSTER (None
+    outside a cluster) names the task in its metrics."""
+    return train_local(model.load(args), args, cluster, env)

@@ -231,9 +231,13 @@ def train(info, server, dataset, args):
     return results
 
 
-def run(argv):
-    args = build_parser().parse_args(argv)
-    info = bootstrap.cluster_from_args(args)
+def run(options, cluster):
+    """This task's part, the master's or a worker's; its results dict. OPTIONS: a dict (or
+    parsed flags) over the flags' defaults; CLUSTER: a bootstrap.ClusterInfo. The master and
+    the workers exchange through queues on the master: each task needs its server (in one
+    process: one server per task, each task in its own thread)."""
+    args = bootstrap.options(build_parser(), options)
+    info = cluster
     if info.job not in (MASTER_JOB, "worker"):
         raise SystemExit("data_parallel runs a %s (the master) and workers, not %r: put the "
                          "master in the inventory's [chief] group" % (MASTER_JOB, info.job))
@@ -242,12 +246,19 @@ def run(argv):
                          "the cluster has %s" % (MASTER_JOB, info.jobs))
     dataset = data.load_images(args.dataset, args.data_dir)
     import tensorflow as tf
-    tf.compat.v1.disable_eager_execution()
-    bootstrap.seed_everything(args.seed)
-    server = bootstrap.start_server(info, session_config(info))
-    bootstrap.report(train(info, server, dataset, args))
-    return 0
+    with tf.Graph().as_default():
+        bootstrap.seed_everything(args.seed)
+        server = bootstrap.start_server(info, session_config(info))
+        return train(info, server, dataset, args)
+
+
+def main(argv, environ):
+    """The command line and the environment, read here only; the result line at the end."""
+    args = build_parser().parse_args(argv)
+    cluster = bootstrap.cluster_from_args(args, environ)
+    bootstrap.graph_mode()
+    return bootstrap.report_and_exit(run(args, cluster))
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(run))
+    raise SystemExit(bootstrap.main_guard(main))

@@ -17,21 +17,30 @@ def build_parser():
     return parser
 
 
-def run(argv):
+def start(options, cluster):
+    """This task's server, started (it serves until the process ends: TensorFlow has no
+    remote shutdown). OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a
+    bootstrap.ClusterInfo."""
+    args = bootstrap.options(build_parser(), options)
+    import tensorflow as tf
+    config = bootstrap.session_config(cluster, device_filters=False)
+    config.gpu_options.per_process_gpu_memory_fraction = args.gpu_memory_fraction
+    return tf.compat.v1.train.Server(cluster.cluster_spec(), job_name=cluster.job,
+                                     task_index=cluster.index, config=config, start=True)
+
+
+def main(argv, environ):
+    """The command line and the environment, read here only; serves until stopped."""
     args = build_parser().parse_args(argv)
     if args.cluster_spec:
-        info = bootstrap.ClusterInfo(bootstrap.parse_dist_test_spec(args.cluster_spec),
-                                     args.job_name, args.task_id)
+        cluster = bootstrap.ClusterInfo(bootstrap.parse_dist_test_spec(args.cluster_spec),
+                                        args.job_name, args.task_id,
+                                        bootstrap.TaskEnv.from_environ(environ))
     else:
-        info = bootstrap.cluster_from_tf_config()
-    import tensorflow as tf
-    config = bootstrap.session_config(info, device_filters=False)
-    config.gpu_options.per_process_gpu_memory_fraction = args.gpu_memory_fraction
-    server = tf.compat.v1.train.Server(info.cluster_spec(), job_name=info.job,
-                                       task_index=info.index, config=config, start=True)
-    bootstrap.serve_forever(server, info)
+        cluster = bootstrap.cluster_from_tf_config(environ)
+    bootstrap.serve_forever(start(args, cluster), cluster)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(run))
+    raise SystemExit(bootstrap.main_guard(main))

@@ -64,9 +64,8 @@ class Scalars:
         self._write(tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2"))
 
     @classmethod
-    def for_task(cls, name, environ=None):
-        """Under $TFCLUSTER_RUN_DIR/tensorboard/NAME/, the folder tfcluster collects."""
-        run_dir = (os.environ if environ is None else environ).get("TFCLUSTER_RUN_DIR")
+    def for_task(cls, name, run_dir):
+        """Under RUN_DIR/tensorboard/NAME/, the folder tfcluster collects; none without RUN_DIR."""
         return cls(os.path.join(run_dir, "tensorboard", name) if run_dir else None)
 
     def _write(self, event):
@@ -93,10 +92,11 @@ class Progress:
     """One task's training loop: its clock, a metrics point every --log_every local steps (a
     TFCLUSTER_METRIC line and TensorBoard scalars), and the final result in the one schema.
 
-    EXPECTED_STEPS (this task's share of the steps) sets --log_every 0 to ~POINTS_PER_TASK."""
+    EXPECTED_STEPS (this task's share of the steps) sets --log_every 0 to ~POINTS_PER_TASK.
+    ENV (a bootstrap.TaskEnv, default INFO's) says where the TensorBoard events go."""
 
     def __init__(self, info, args, batch_size, start_step, initial_loss, initial_accuracy=None,
-                 expected_steps=0, name=None):
+                 expected_steps=0, name=None, env=None):
         self.task = info.label if info is not None else "local"
         self.chief = info is None or info.is_chief
         self.batch_size = batch_size
@@ -107,7 +107,9 @@ class Progress:
         self.elapsed = None
         self.devices = None  # where TensorFlow ran this task's compute, once known
         self.step_stats = None
-        self.board = Scalars.for_task(name or (info.name if info is not None else "local"))
+        env = env or (info.env if info is not None else bootstrap.TaskEnv())
+        self.board = Scalars.for_task(name or (info.name if info is not None else "local"),
+                                      env.run_dir)
         self.timer = bootstrap.Timer()
         self._last = (self.timer.seconds, 0, self.start_step)
         self.point(self.start_step, initial_loss, accuracy=initial_accuracy)

@@ -47,7 +47,8 @@ def make_devices(count):
     if len(gpus) >= count:
         return "GPU", ["/device:GPU:%d" % i for i in range(count)]
     cpus = tf.config.list_physical_devices("CPU")
-    if count > 1:
+    made = tf.config.get_logical_device_configuration(cpus[0]) or []
+    if count > 1 and len(made) < count:  # a process that made enough already keeps them
         tf.config.set_logical_device_configuration(
             cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
     return "CPU", ["/device:CPU:%d" % i for i in range(count)]
@@ -192,7 +193,7 @@ def split_validation(dataset, size):
 
 # ---------------------------------------------------------------- training
 
-def train(info, target, dataset, args, device_type, devices):
+def train(info, target, dataset, args, device_type, devices, env=None):
     import tensorflow as tf
     v1 = tf.compat.v1
     padding = args.padding
@@ -215,7 +216,7 @@ def train(info, target, dataset, args, device_type, devices):
     target_step = args.epochs * per_epoch
     start_step = int(sess.run(model["global_step"]))
     progress = loop.Progress(info, args, args.batch_size, start_step, *validate(),
-                             expected_steps=target_step - start_step)
+                             expected_steps=target_step - start_step, env=env)
     bootstrap.log("Training on %d %s tower(s): %s; %d steps per epoch of batch %d, from step %d"
                   % (len(devices), device_type, ", ".join(model["devices"]), per_epoch,
                      args.batch_size, start_step))
@@ -256,30 +257,36 @@ def train(info, target, dataset, args, device_type, devices):
     return progress.result(loss, accuracy, **extras)
 
 
-def has_cluster(args):
-    import os
-    return bool(args.job_name or os.environ.get("TF_CONFIG"))
-
-
-def run(argv):
-    args = build_parser().parse_args(argv)
-    info = bootstrap.cluster_from_args(args) if has_cluster(args) else None
+def run(options, cluster=None, env=None):
+    """Train on this host's towers; the result dict. OPTIONS: a dict (or parsed flags) over the
+    flags' defaults; CLUSTER: None, or a one-worker bootstrap.ClusterInfo; ENV: a
+    bootstrap.TaskEnv (default: CLUSTER's)."""
+    args = bootstrap.options(build_parser(), options)
+    info = cluster
     if info is not None and (info.job != "worker" or info.num_ps or info.num_workers != 1):
         raise SystemExit("mnist_towers is a single-task job (one worker, no ps); got %s as %s"
                          % (info.jobs, info.label))
     dataset = data.load_images(args.dataset, args.data_dir, flat=False)
     import tensorflow as tf
     device_type, devices = make_devices(args.num_devices)  # before anything touches devices
-    tf.compat.v1.disable_eager_execution()
-    bootstrap.seed_everything(args.seed)
-    if info is not None:
-        server = bootstrap.start_server(info, device_config(bootstrap.session_config(info)))
-        target = server.target
-    else:
+    env = env or (info.env if info is not None else bootstrap.TaskEnv())
+    with tf.Graph().as_default():
+        bootstrap.seed_everything(args.seed)
         target = ""
-    bootstrap.report(train(info, target, dataset, args, device_type, devices))
-    return 0
+        if info is not None:
+            target = bootstrap.start_server(
+                info, device_config(bootstrap.session_config(info))).target
+        return train(info, target, dataset, args, device_type, devices, env)
+
+
+def main(argv, environ):
+    """The command line and the environment, read here only; the result line at the end."""
+    args = build_parser().parse_args(argv)
+    cluster = None
+    if bootstrap.has_cluster(args, environ):
+        cluster = bootstrap.cluster_from_args(args, environ)
+    return bootstrap.report_and_exit(run(args, cluster, bootstrap.TaskEnv.from_environ(environ)))
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(run))
+    raise SystemExit(bootstrap.main_guard(main))

@@ -101,15 +101,24 @@ def train(info, server, dataset, args):
     return progress.result(loss, accuracy, global_step=step, **extras)
 
 
-def run(argv):
-    args = build_parser().parse_args(argv)
-    info = bootstrap.cluster_from_args(args)
-    if info.num_ps < 1:
+def run(options, cluster):
+    """This task's part: a worker trains and returns its results dict, a ps serves (None).
+    OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a bootstrap.ClusterInfo."""
+    args = bootstrap.options(build_parser(), options)
+    if cluster.num_ps < 1:
         raise SystemExit("model_parallel needs ps tasks to hold the layers (2 by default)")
     return bootstrap.run_between_graph(
-        info, lambda: data.load_images(args.dataset, args.data_dir),
+        cluster, lambda: data.load_images(args.dataset, args.data_dir),
         lambda info, server, dataset: train(info, server, dataset, args), seed=args.seed)
 
 
+def main(argv, environ):
+    """The command line and the environment, read here only; the result line at the end."""
+    args = build_parser().parse_args(argv)
+    cluster = bootstrap.cluster_from_args(args, environ)
+    bootstrap.graph_mode()
+    return bootstrap.report_and_exit(run(args, cluster))
+
+
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(run))
+    raise SystemExit(bootstrap.main_guard(main))

@@ -167,6 +167,8 @@ def placed_devices(step_stats, task_device=None):
         spec = tf.DeviceSpec.from_string(dev.device)
         if not spec.device_type or not dev.node_stats:
             continue
-        if task is None or (spec.job == task.job and (spec.task or 0) == (task.task or 0)):
+        # A local session's devices (job localhost) are all this task's.
+        if task is None or spec.job == "localhost" or \
+                (spec.job == task.job and (spec.task or 0) == (task.task or 0)):
             found.add(local_device(dev.device))
     return sorted(found)

@@ -27,8 +27,9 @@ def build_parser():
 
 def make_strategy(tf, info, args):
     """The strategy over this run's workers; create it before any other TensorFlow op."""
+    spec = tf.train.ClusterSpec({}) if info.in_process else info.cluster_spec()
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        info.cluster_spec(), task_type=info.job, task_id=info.index, rpc_layer="grpc")
+        spec, task_type=info.job, task_id=info.index, rpc_layer="grpc")
     implementation = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
                       "ring": tf.distribute.experimental.CommunicationImplementation.RING,
                       "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
@@ -116,9 +117,12 @@ def train(info, strategy, dataset, args):
         replicas_in_sync=workers, restored=restored, param_checksum=total)
 
 
-def run(argv):
-    args = build_parser().parse_args(argv)
-    info = bootstrap.cluster_from_args(args)
+def run(options, cluster):
+    """This worker's part; its results dict. OPTIONS: a dict (or parsed flags) over the flags'
+    defaults; CLUSTER: a bootstrap.ClusterInfo (in process: the strategy on this process's
+    devices alone, no collective over gRPC)."""
+    args = bootstrap.options(build_parser(), options)
+    info = cluster
     if info.job not in ("worker", "chief"):
         raise SystemExit("MultiWorkerMirroredStrategy has no %r tasks: launch workers only"
                          % info.job)
@@ -126,9 +130,14 @@ def run(argv):
     bootstrap.seed_everything(args.seed)
     strategy = make_strategy(tf, info, args)
     dataset = data.load_images(args.dataset, args.data_dir)
-    bootstrap.report(train(info, strategy, dataset, args))
-    return 0
+    return train(info, strategy, dataset, args)
+
+
+def main(argv, environ):
+    """The command line and the environment, read here only; the result line at the end."""
+    args = build_parser().parse_args(argv)
+    return bootstrap.report_and_exit(run(args, bootstrap.cluster_from_args(args, environ)))
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(run))
+    raise SystemExit(bootstrap.main_guard(main))

@@ -124,30 +124,30 @@ def train(info, dataset, args):
         scheduled_steps=args.train_steps, steps_applied=applied, restored=restored)
 
 
-def ensure_inter_op_threads(minimum=2, environ=None):
+def ensure_inter_op_threads(environ, minimum=2):
     """At least MINIMUM inter-op threads, set before TensorFlow starts (it reads the variable).
 
     With a single inter-op thread (what a fair share of a 2-core host gives 5 tasks) the
     coordinator's first scheduled step never finishes: the worker running the multi-device
     function and the ps tasks it sends to wait on each other (measured with TF 2.21).
     """
-    import os
-    environ = os.environ if environ is None else environ
     current = int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0)
     if current and current < minimum:
         environ["TF_NUM_INTEROP_THREADS"] = str(minimum)
     return int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0)
 
 
-def run(argv):
-    args = build_parser().parse_args(argv)
-    info = bootstrap.cluster_from_args(args)
-    ensure_inter_op_threads()
+def run(options, cluster):
+    """This task's part: the chief trains and returns its results dict; ps and workers serve
+    (None). OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a
+    bootstrap.ClusterInfo. The coordinator reaches the workers over gRPC only: in one process,
+    start their servers first (start_server)."""
+    args = bootstrap.options(build_parser(), options)
+    info = cluster
     if info.job in ("ps", "worker"):
         # Workers too only serve: the chief's coordinator sends them the functions to run.
-        server = bootstrap.start_server(info, config=_server_config(info))
-        bootstrap.serve_forever(server, info)
-        return 0
+        bootstrap.serve_forever(start_server(info), info)
+        return None
     if info.job != "chief":
         raise SystemExit("ps_strategy tasks are chief, worker or ps, not %r" % info.job)
     if info.num_ps < 1 or info.num_workers < 1:
@@ -156,14 +156,22 @@ def run(argv):
     dataset = data.load_images(args.dataset, args.data_dir)
     dataset = data.Dataset(dataset.name, dataset.train_x, dataset.train_y.astype(np.int64),
                            dataset.test_x, dataset.test_y.astype(np.int64), dataset.num_classes)
-    bootstrap.report(train(info, dataset, args))
-    return 0
+    return train(info, dataset, args)
 
 
-def _server_config(info):
-    """Thread counts only: the coordinator sets its own device filters."""
-    return bootstrap.session_config(info, device_filters=False)
+def start_server(info):
+    """A ps or worker task's server (thread counts only: the coordinator sets its own device
+    filters)."""
+    return bootstrap.start_server(info, config=bootstrap.session_config(info, device_filters=False))
+
+
+def main(argv, environ):
+    """The command line and the environment, read here only; the result line at the end."""
+    args = build_parser().parse_args(argv)
+    ensure_inter_op_threads(environ)  # before TensorFlow starts (it reads the variable)
+    cluster = bootstrap.cluster_from_args(args, environ)  # and before the cluster's TaskEnv
+    return bootstrap.report_and_exit(run(args, cluster))
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(run))
+    raise SystemExit(bootstrap.main_guard(main))

@@ -12,7 +12,7 @@ from tfcluster_agent import protocol
 from trainers.loop import Scalars
 
 task = os.environ["TFCLUSTER_TASK"]  # e.g. worker:1
-scalars = Scalars.for_task(task.replace(":", "-"))
+scalars = Scalars.for_task(task.replace(":", "-"), os.environ.get("TFCLUSTER_RUN_DIR"))
 x = tf.linspace(-1.0, 1.0, 64)
 y = 3.0 * x
 weight = tf.Variable(0.0)

@@ -1,0 +1,265 @@
+"""Every example trainer called in-process (the fast tier): its run() on a cluster whose tasks
+all live in this process, tiny data (scikit-learn's digits or synthetic arrays), a handful of
+steps. Checks the loop (it learns), its metrics lines and the result in the one schema.
+
+Graph-mode trainers build in a graph of their own and use local sessions: no server, no gRPC.
+Three need servers by design and get them here, in this process, on free loopback ports:
+data_parallel (the master and its worker exchange through queues on the master's server),
+ps_strategy (the coordinator reaches its workers over gRPC only) and grpc_server (it is one).
+TensorFlow cannot stop a server: theirs end, and their ports are freed, with the test process.
+"""
+import io
+import json
+import threading
+
+import pytest
+
+from conftest import free_port_block
+from tfcluster_agent import protocol
+from trainers import (bootstrap, census_widendeep, cifar10, data_parallel, grpc_server,
+                      mnist_async, mnist_replica, mnist_towers, model_parallel,
+                      multi_worker_mirrored, ps_strategy)
+
+CIFAR_TINY = {"dataset": "synthetic", "batch_size": 16, "conv_filters": 4, "fc_units": "16,8",
+              "image_size": 16, "eval_examples": 100,
+              "learning_rate": 0.05, "num_gpus": 0}
+
+
+@pytest.fixture(scope="module")
+def tf():
+    """TensorFlow, with 2 logical CPU devices when this process has not used its devices yet
+    (the tower trainers' default); quiet."""
+    bootstrap.quiet_tensorflow()
+    import tensorflow
+    try:
+        mnist_towers.make_devices(2)
+    except RuntimeError:
+        pass  # devices already in use: the tower tests then see as many as there are
+    return tensorflow
+
+
+def tower_count(tf):
+    return min(2, len(tf.config.list_logical_devices("CPU")))
+
+
+def lines(out, kind):
+    return [v for k, v in filter(None, map(protocol.parse_line, out.splitlines())) if k == kind]
+
+
+def check(result, out, task, learned=True):
+    """The result dialect (the schema's keys and types, one result line's worth of JSON), the
+    metrics lines the loop printed, and that the model learned."""
+    assert set(protocol.RESULT_KEYS) <= set(result), sorted(result)
+    for key in ("loss", "initial_loss", "accuracy", "train_time_s", "examples_per_s"):
+        assert isinstance(result[key], (int, float)) and not isinstance(result[key], bool), key
+    assert isinstance(result["global_step"], int) and result["global_step"] > 0
+    assert result["local_steps"] > 0 and result["examples_per_s"] > 0
+    assert result["task"] == task and isinstance(result["devices"], list) and result["devices"]
+    stream = io.StringIO()
+    protocol.report_result(result, stream)
+    (line,) = lines(stream.getvalue(), "result")
+    assert line["global_step"] == result["global_step"]
+    points = lines(out, "metric")
+    assert len(points) >= 3, out[-2000:]
+    steps = [p["step"] for p in points]
+    assert steps == sorted(steps) and steps[-1] == result["global_step"]
+    assert points[0]["loss"] == pytest.approx(result["initial_loss"])
+    assert points[-1]["loss"] == pytest.approx(result["loss"])
+    assert any(p.get("examples_per_s", 0) > 0 for p in points[1:])
+    if learned:
+        assert result["loss"] < result["initial_loss"], (result["initial_loss"], result["loss"])
+    json.dumps(result)  # nothing but JSON types
+
+
+def one_ps_one_worker(ps=1):
+    return bootstrap.in_process_cluster({"ps": ["localhost:%d" % i for i in range(ps)],
+                                         "worker": ["localhost:9"]})
+
+
+# ---------------------------------------------------------------- between-graph, no server
+
+def test_mnist_replica_async(tf, capsys):
+    result = mnist_replica.run({"dataset": "digits", "train_steps": 40, "num_gpus": 0,
+                                "batch_size": 32, "learning_rate": 0.02}, one_ps_one_worker())
+    out = capsys.readouterr().out
+    check(result, out, "worker:0")
+    assert result["global_step"] == 40 and result["sync"] is False
+    assert result["accuracy"] > 0.5  # ten classes: chance is 0.1
+    assert "validation cross entropy" in out
+
+
+def test_mnist_replica_sync_replicas(tf, capsys):
+    result = mnist_replica.run({"dataset": "digits", "train_steps": 20, "num_gpus": 0,
+                                "sync_replicas": True, "learning_rate": 0.02},
+                               one_ps_one_worker())
+    check(result, capsys.readouterr().out, "worker:0")
+    assert result["sync"] is True and result["global_step"] >= 20
+
+
+def test_options_refuse_an_unknown_key():
+    with pytest.raises(TypeError, match="train_stepz"):
+        mnist_replica.run({"train_stepz": 3}, one_ps_one_worker())
+
+
+def test_mnist_async(tf, capsys, tmp_path):
+    result = mnist_async.run({"dataset": "digits", "train_steps": 40, "batch_size": 32,
+                              "checkpoint_dir": str(tmp_path)}, one_ps_one_worker())
+    out = capsys.readouterr().out
+    check(result, out, "worker:0")
+    assert result["others_finished"] is True and result["checkpoint_step"] == 40
+    assert "Test-Accuracy" in out and any(p.name.startswith("model.ckpt-40")
+                                          for p in tmp_path.iterdir())
+
+
+def test_model_parallel(tf, capsys):
+    result = model_parallel.run({"dataset": "digits", "train_steps": 40,
+                                 "learning_rate": 0.01}, one_ps_one_worker(ps=2))
+    check(result, capsys.readouterr().out, "worker:0")
+    # Layer 1 on ps:0, layer 2 on ps:1 as the program asks (in process: on this process's CPU).
+    assert result["layers"] == {"layer1": 0, "layer2": 1}
+    assert result["placement"] and result["placement_observed"]
+
+
+def test_census_widendeep(tf, capsys):
+    result = census_widendeep.run({"dataset": "synthetic", "train_steps": 60, "eval_steps": 1},
+                                  one_ps_one_worker())
+    check(result, capsys.readouterr().out, "worker:0")
+    assert result["synthetic"] is True and result["wide_params"] > 0 and result["deep_params"] > 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "async_stale", "hogwild", "multi_ps"])
+def test_cifar10_modes(tf, capsys, mode):
+    cluster = one_ps_one_worker(ps=2 if mode == "multi_ps" else 1)
+    result = cifar10.run(dict(CIFAR_TINY, mode=mode, train_steps=8, max_pending=2), cluster)
+    # A few steps of a tiny CNN on synthetic images need not lower the loss (tests/test_cifar10.py
+    # checks learning); every gradient pushed must have been applied, once per global step.
+    check(result, capsys.readouterr().out, "worker:0", learned=False)
+    assert result["mode"] == mode and result["global_step"] == 8
+    assert result["counters"] == {"pushed": 8, "applied": 8, "done_workers": 1,
+                                  "global_step": 8}
+
+
+# ---------------------------------------------------------------- one task, its own devices
+
+def test_cifar10_local_towers(tf, capsys):
+    count = tower_count(tf)
+    result = cifar10.run(dict(CIFAR_TINY, mode="local", train_steps=20, num_devices=count),
+                         None)
+    check(result, capsys.readouterr().out, "local", learned=False)  # see test_cifar10_modes
+    assert result["num_devices"] == count and result["global_step"] == 20
+    # One tower per device, each computing its slice of the batch there.
+    assert len(set(result["tower_devices"])) == count
+    assert result["loss"] != result["initial_loss"]
+
+
+def test_mnist_towers(tf, capsys):
+    count = tower_count(tf)
+    result = mnist_towers.run({"dataset": "digits", "num_devices": count, "epochs": 2,
+                               "batch_size": 64})
+    check(result, capsys.readouterr().out, "local")
+    assert result["accuracy"] > 0.3
+
+
+# ---------------------------------------------------------------- TF2 strategies
+
+def test_multi_worker_mirrored(tf, capsys):
+    result = multi_worker_mirrored.run({"dataset": "digits", "train_steps": 40,
+                                        "batch_size": 32, "learning_rate": 0.5},
+                                       bootstrap.in_process_cluster())
+    check(result, capsys.readouterr().out, "worker:0")
+    assert result["replicas_in_sync"] == 1 and result["accuracy"] > 0.5
+
+
+# ---------------------------------------------------------------- servers in this process
+
+def loopback_cluster(jobs, job, index=0):
+    """A cluster on free loopback ports, JOBS: {job: task count}; ClusterInfo of JOB:INDEX."""
+    base = free_port_block(sum(jobs.values()) + 1)
+    ports = iter(range(base, base + 20))
+    spec = {name: ["localhost:%d" % next(ports) for _ in range(count)]
+            for name, count in jobs.items()}
+    return lambda job=job, index=index: bootstrap.ClusterInfo(spec, job, index)
+
+
+def test_grpc_server_serves_mnist_replica_with_existing_servers(tf, capsys):
+    cluster = loopback_cluster({"worker": 1}, "worker")
+    server = grpc_server.start({}, cluster())
+    assert server.target.startswith("grpc://localhost:")
+    result = mnist_replica.run({"dataset": "digits", "train_steps": 20, "num_gpus": 0,
+                                "existing_servers": True}, cluster())
+    check(result, capsys.readouterr().out, "worker:0")
+
+
+def test_data_parallel_master_and_worker(tf, capsys):
+    cluster = loopback_cluster({"chief": 1, "worker": 1}, "chief")
+    options = {"dataset": "digits", "train_steps": 20, "batch_size": 32,
+               "step_timeout_secs": 60, "finish_wait_secs": 60}
+    results = {}
+
+    def task(job):
+        try:
+            results[job] = data_parallel.run(options, cluster(job))
+        except BaseException as err:  # seen by the assertion below
+            results[job] = err
+
+    threads = [threading.Thread(target=task, args=(job,), daemon=True)
+               for job in ("chief", "worker")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a task did not finish in 120 s"
+    out = capsys.readouterr().out
+    master, worker = results["chief"], results["worker"]
+    assert isinstance(master, dict) and isinstance(worker, dict), results
+    assert master["global_step"] == worker["global_step"] == 20
+    # Every step averaged exactly one gradient of the worker's, computed at the current step.
+    assert worker["contributions"] == worker["fresh"] == 20
+    assert master["workers_finished"] is True
+    assert set(protocol.RESULT_KEYS) <= set(master) and master["loss"] < master["initial_loss"]
+    assert len(lines(out, "metric")) >= 6
+
+
+def test_ps_strategy_chief(tf, capsys):
+    """Last: the coordinator connects this process's eager context to the cluster for good."""
+    cluster = loopback_cluster({"chief": 1, "worker": 1, "ps": 1}, "chief")
+    for job in ("worker", "ps"):
+        ps_strategy.start_server(cluster(job))
+    result = ps_strategy.run({"dataset": "digits", "train_steps": 30, "batch_size": 32,
+                              "learning_rate": 0.5}, cluster())
+    check(result, capsys.readouterr().out, "chief:0")
+    assert result["steps_applied"] == 30 and result["num_ps"] == 1
+
+
+# ---------------------------------------------------------------- the entry point's one read
+
+def test_the_environment_is_read_at_the_entry_point_only():
+    """Library code takes what it needs as arguments: only main_guard, the entry point every
+    trainer's __main__ calls, touches os.environ and sys.argv."""
+    import pathlib
+    folder = pathlib.Path(bootstrap.__file__).parent
+    readers = {path.name for path in folder.glob("*.py")
+               if "os.environ" in path.read_text() or "sys.argv" in path.read_text()}
+    assert readers == {"bootstrap.py"}
+    source = pathlib.Path(bootstrap.__file__).read_text()
+    outside = [line for line in source.split("\ndef ")
+               if ("os.environ" in line or "sys.argv" in line)
+               and not line.startswith(("main_guard(", "quiet_tensorflow("))]
+    assert outside == []
+
+
+def test_cluster_and_task_env_come_from_the_environ_given():
+    environ = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"]},
+                                        "task": {"type": "worker", "index": 1}}),
+               "TFCLUSTER_RUN_DIR": "/runs/r1", "TFCLUSTER_RESTARTS": "1",
+               "TF_NUM_INTRAOP_THREADS": "3", "TF_NUM_INTEROP_THREADS": ""}
+    args = mnist_replica.build_parser().parse_args([])
+    info = bootstrap.cluster_from_args(args, environ)
+    assert (info.job, info.index, info.num_workers, info.num_ps) == ("worker", 1, 2, 1)
+    assert info.env == bootstrap.TaskEnv(run_dir="/runs/r1", restarted=True,
+                                         intra_op_threads=3, inter_op_threads=0)
+    flags = mnist_replica.build_parser().parse_args(
+        ["--job_name=ps", "--ps_hosts=c:3", "--worker_hosts=a:1"])
+    assert bootstrap.cluster_from_args(flags, {}).label == "ps:0"
+    with pytest.raises(SystemExit, match="no cluster given"):
+        bootstrap.cluster_from_args(args, {})
