@@ -54,6 +54,8 @@ def test_sync_sends_only_what_changed_and_deletes_stale_files(tmp_path, capsys, 
     assert (root / "trainers.sha256").read_text() == code_hash(str(controller)) + "\n"
     assert code_hash(str(root)) == code_hash(str(controller))
     assert "0 file(s) sent" in sync_lines(capsys, "-i", inventory)[0]
+    # Hashing on the host imported its tfcluster_agent without leaving compiled files there.
+    assert not (root / "tfcluster_agent" / "__pycache__").exists()
 
     # One changed file travels alone; a file and a folder gone from the controller go from the host.
     module = controller / "trainers" / "mnist_replica.py"

@@ -66,6 +66,7 @@ def local_files(top, prefix=""):
 #                            -> JSON {"hash": code hash of ROOT, "written": n, "deleted": n}
 HOST_SCRIPT = r'''
 import hashlib, json, os, shutil, stat, sys, tarfile
+sys.dont_write_bytecode = True  # no __pycache__ in the host code, as the agent
 
 def skipped(rel):
     return any(p == "__pycache__" or p.startswith(".") for p in rel.split("/")) or \
