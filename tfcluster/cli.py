@@ -127,7 +127,15 @@ def build_parser():
     p.add_argument("--share-busy-gpus", action="store_true",
                    help="hand out GPUs other processes use (not unhealthy ones, not other "
                         "runs' claims)")
+    p.add_argument("--sync", action="store_true",
+                   help="first push the changed host code to every host (`tfcluster sync`)")
     p.epilog = "Arguments after a bare -- go to the trainer, e.g. -- --train_steps=1000"
+
+    p = sub.add_parser("sync", help="push the changed host code (and --code DIR) to every host")
+    p.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
+    p.add_argument("--code", metavar="DIR",
+                   help="also your own code folder, to <tfcluster_root>/code on every host "
+                        "(default: the inventory's tfcluster_code_dir)")
 
     p = sub.add_parser("spec", help="print the cluster spec per task")
     p.add_argument("-i", "--inventory", default=None)
@@ -227,6 +235,9 @@ def cmd_launch(args):
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus)
+    if args.sync:
+        from tfcluster import sync
+        sync.sync(args.inventory)
     from tfcluster.console import make_reporter
     # --logs shows the raw streams: every line, as the tasks wrote them.
     reporter = make_reporter(args.plain, args.verbose or args.logs, args.logs, sys.stdout)
@@ -303,6 +314,12 @@ def cmd_gpus(args):
     return gpustable.show(load_slots(args.inventory), args.inventory, args.watch)
 
 
+def cmd_sync(args):
+    from tfcluster import sync
+    sync.sync(args.inventory, args.code)
+    return 0
+
+
 def cmd_examples(args):
     from tfcluster.catalog import load_catalog
     for name, example in load_catalog().items():
@@ -356,6 +373,6 @@ def cmd_tensorboard(args):
 
 
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
-            "examples": cmd_examples,
+            "sync": cmd_sync, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard}

@@ -134,14 +134,16 @@ class AgentLink:
         code = self._proc.poll() if self._proc is not None else (
             self._channel.recv_exit_status() if self._channel is not None and
             self._channel.exit_status_ready() else None)
+        # Python names the script it cannot open: that is no agent, not no Python.
+        if "can't open file" in err:
+            return ("no tfcluster agent at %s: run ansible-playbook playbooks/deploy.yml "
+                    "(or `tfcluster sync` where the venv is there)" % self.agent_path)
         if code == 127 or ("No such file or directory" in err and self.machine.python in err):
             return no_python(self.machine)
-        if "can't open file" in err:
-            return ("no tfcluster agent at %s: run ansible-playbook playbooks/deploy.yml"
-                    % self.agent_path)
         if "can't find '__main__' module" in err:  # code deployed before the agent had one
             return ("the tfcluster code at %s is older than this controller's: run "
-                    "ansible-playbook playbooks/deploy.yml" % os.path.dirname(self.agent_path))
+                    "ansible-playbook playbooks/deploy.yml (or `tfcluster sync`)"
+                    % os.path.dirname(self.agent_path))
         last = err.strip().splitlines()[-1] if err.strip() else "connection closed"
         return "the agent ended (%s)" % last
 

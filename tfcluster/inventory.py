@@ -79,6 +79,8 @@ class Slot:
     port: int | None = None
     port_base: int = DEFAULT_PORT_BASE
     gpus: tuple | None = None
+    # tfcluster_code_dir: a controller folder `tfcluster sync` pushes to <tfcluster_root>/code.
+    code_dir: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
 
@@ -242,6 +244,7 @@ def _slot(hostname, job, host_vars, templar):
         port=None if port is None else _int(port, "tfcluster_port", hostname),
         port_base=_int(get("tfcluster_port_base", DEFAULT_PORT_BASE), "tfcluster_port_base", hostname),
         gpus=_gpus(get("tfcluster_gpus"), hostname),
+        code_dir=get("tfcluster_code_dir"),
     )
 
 

@@ -76,8 +76,8 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
                     datafiles.FETCH_HINT.format(name=name, folder=folder)))
         if expect_code and report.code_hash != controller_hash and \
                 not runs_this_checkout(machine):
-            problems.append("%s: its trainer code differs from this checkout's: rerun "
-                            "ansible-playbook playbooks/deploy.yml" % machine.label)
+            problems.append("%s: its trainer code differs from this checkout's: run "
+                            "`tfcluster sync -i INVENTORY` (or launch with --sync)" % machine.label)
     versions = {r.tf_version for r in reports.values() if r.tf_version}
     if len(versions) > 1:
         listing = ", ".join("%s=%s" % (m.label, reports[m.key].tf_version)

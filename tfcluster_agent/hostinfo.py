@@ -115,8 +115,9 @@ LOCATE_TENSORFLOW = (
     "if spec and spec.origin else ''\n")
 
 
-def python_report(python, cache_dir=None):
-    """Version of TensorFlow importable by PYTHON, or the reason it is not.
+def python_report(python, cache_dir=None, import_seconds=120):
+    """Version of TensorFlow importable by PYTHON, or the reason it is not (also when its import
+    takes over IMPORT_SECONDS; None: no limit).
 
     A successful import is remembered in CACHE_DIR, keyed by the interpreter and the installed
     TensorFlow package's path and modification time: a reinstall or upgrade invalidates it.
@@ -152,10 +153,11 @@ def python_report(python, cache_dir=None):
     import subprocess
     probe = "import tensorflow as tf, sys; print(tf.__version__); print(sys.version.split()[0])"
     try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120,
-                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True,
+                             timeout=import_seconds, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     except subprocess.TimeoutExpired:
-        return {"python_ok": False, "error": "importing tensorflow with %s took over 120 s" % python}
+        return {"python_ok": False, "error": "importing tensorflow with %s took over %g s"
+                % (python, import_seconds)}
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["exit %d" % out.returncode])[-1]
         return {"python_ok": False, "error": "%s cannot import tensorflow: %s" % (python, last)}
