@@ -2,7 +2,6 @@
 NAT'd hosts): status, logs and stop must each reach the right one. Two test hosts are reached
 through a TCP forwarder on 127.0.0.1, one port each."""
 import contextlib
-import os
 import select
 import socket
 import sys

@@ -4,7 +4,7 @@ its run folder's records still tell."""
 import os
 
 from tfcluster import gpuqueue, metrics, runs
-from tfcluster.errors import RunFailed, UsageError
+from tfcluster.errors import RunFailed
 from tfcluster.hosts import HostError, Hosts
 from tfcluster.inventory import Machine
 from tfcluster.metrics import MetricsStore
