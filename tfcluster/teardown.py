@@ -9,6 +9,7 @@ import threading
 from tfcluster import runs
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.hosts import HostError
+from tfcluster.hints import print_hints
 from tfcluster.monitor import TAIL_LINES, policy_met, task_state
 from tfcluster.summary import print_summary
 from tfcluster_agent import protocol as P
@@ -93,6 +94,9 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
         reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
         for line in monitor.tails[outcome.task.label]:
             reporter.out("    " + line)
+    if outcome is not None:
+        print_hints(reporter, record.dir, [entry["log"] for entry in record.get("tasks", {}).values()
+                                           if entry.get("state") == "failed" and entry.get("log")])
     reporter.note("logs and run.json in %s" % record.dir)
 
 
