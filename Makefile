@@ -1,23 +1,29 @@
 # make demo: a real distributed TensorFlow job (1 ps + 2 workers) on this machine.
 # make check: the fast tier, after every edit. make test: the whole test suite.
-# demo and test set up .venv (and, as root, the Debian packages) first.
+# Each installs what it needs and no more: demo and check the venv (.venv); test also, as root,
+# the Debian packages of the test hosts and containers.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CONSTRAINTS := roles/tensorflow/files/constraints.txt
+# The test hosts (network namespaces, sshd) and containers; only root can install or use them.
 DEBIAN_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps rsync pciutils docker.io debootstrap ruby nftables python3-packaging
 
-.PHONY: setup system-packages demo check test test-docker lint bench wheelhouse clean
+.PHONY: setup system-packages demo check test test-docker lint bench wheelhouse collection clean
 
-setup: $(STAMP) system-packages
+setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# tf-keras comes without its dependencies: it requires `tensorflow`, and tensorflow-cpu is that.
+$(STAMP): pyproject.toml setup.py trainers/requirements-no-deps.txt $(CONSTRAINTS)
+	@# Debian's python3 makes venvs only with python3-venv: as root, installed when missing.
+	$(PYTHON) -m venv $(VENV) || { $(MAKE) --no-print-directory system-packages \
+	  DEBIAN_PACKAGES=python3-venv && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps -c $(CONSTRAINTS) -r trainers/requirements-no-deps.txt
 	touch $(STAMP)
 
-# The multi-host tests need network namespaces and sshd; only root can install or use them.
 system-packages:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  missing=""; for p in $(DEBIAN_PACKAGES); do \
@@ -37,11 +43,11 @@ check: $(STAMP)
 
 # Everything (CI): the fast tier, real launches, learning checks, test hosts and containers as
 # root. The container tests run as a second pytest session beside the others (scripts/testsuite).
-test: setup
+test: setup system-packages
 	PYTHON=$(BIN)/python scripts/testsuite
 
 # Only deploy, launch, stop and teardown on bare Debian containers (root).
-test-docker: setup
+test-docker: setup system-packages
 	$(BIN)/python -m pytest -m docker tests
 
 # The control plane against hand-started processes (see benchmarks/RESULTS.md).
@@ -53,6 +59,11 @@ lint: setup
 
 wheelhouse: setup
 	scripts/wheelhouse
+
+# The collection tfcluster.cluster as a tarball in dist/, for sites that install collections
+# from files (the wheel carries the same collection).
+collection: setup
+	$(BIN)/ansible-galaxy collection build --force --output-path dist .
 
 clean:
 	rm -rf .work runs

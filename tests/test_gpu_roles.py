@@ -12,8 +12,10 @@ driver, reboot by state, per-machine GPU decision), the files written, and that 
 fails with the reason. What it cannot: that the packages exist and install, that the module
 loads after the reboot, that a real GPU runs the matmul (README, Limitations).
 """
+import grp
 import json
 import os
+import pwd
 import platform
 import re
 import shutil
@@ -62,7 +64,10 @@ VERIFY = {
 }
 
 
-LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+# The fake machines' files belong to whoever runs the tests: root need not.
+LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+         "nvidia_driver_file_owner": pwd.getpwuid(os.getuid()).pw_name,
+         "nvidia_driver_file_group": grp.getgrgid(os.getgid()).gr_name}
 KEY = "-----BEGIN PGP PUBLIC KEY BLOCK-----\nfake\n"
 
 

@@ -325,6 +325,31 @@ def test_fetch_extracts_cifar_archive_the_loader_reads(tmp_path, fake_manifest):
     assert dataset.train_x.shape == (15, 32, 32, 3) and list(dataset.test_y) == [7, 8, 9, 0]
 
 
+@pytest.mark.parametrize("python_has_filter", [True, False])
+def test_fetch_refuses_an_archive_reaching_out_of_the_folder(tmp_path, fake_manifest, monkeypatch,
+                                                             python_has_filter):
+    """Python before 3.10.12/3.11.4 has no tar filter (Debian 12: 3.11.2): the same refusal."""
+    if not python_has_filter:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python has no tarfile filter")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        link = tarfile.TarInfo("batches/escape")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        archive.addfile(link)
+    payload = buffer.getvalue()
+    fake_manifest["cifar10"] = {"files": [{"name": "cifar-10-binary.tar.gz", "extract": True,
+                                           "sha256": sha256(payload),
+                                           "urls": ["https://c.example/cifar.tgz"]}]}
+    dest = tmp_path / "cifar10"
+    with pytest.raises(Exception) as raised:
+        fetcher.fetch("cifar10", str(dest),
+                      opener=FakeOpener({"https://c.example/cifar.tgz": payload}))
+    assert "escape" in str(raised.value) or "/etc/passwd" in str(raised.value)
+    assert not (dest / "batches" / "escape").exists()
+
+
 def test_cli_fetch_unknown_name_exits_2(tmp_path, capsys):
     code = cli.main(["data", "fetch", "imagenet", "--dest", str(tmp_path / "x")])
     assert code == 2

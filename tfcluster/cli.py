@@ -175,6 +175,19 @@ def build_parser():
     p.add_argument("--port", type=int, default=6006, help="default 6006")
     p.add_argument("--host", help="address to listen on (default: TensorBoard's, localhost)")
 
+    p = sub.add_parser("deploy", help="provision the inventory's machines (ansible-playbook)")
+    p.add_argument("-i", "--inventory", required=True)
+    p.add_argument("--playbook", choices=["deploy", "stop", "teardown", "validate"],
+                   default="deploy", help="which of tfcluster's playbooks (default: deploy)")
+    p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS")
+    p.add_argument("-l", "--limit", metavar="PATTERN")
+    p.add_argument("-t", "--tags")
+    p.add_argument("--skip-tags")
+    p.add_argument("-C", "--check", action="store_true", help="dry run")
+    p.add_argument("-D", "--diff", action="store_true")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    p.epilog = "Arguments after a bare -- go to ansible-playbook; exits with its status"
+
     p = sub.add_parser("data", help="datasets")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=Parser)
     f = data_sub.add_parser("fetch", help="a data set in its standard files, checked: from its "
@@ -356,6 +369,11 @@ def cmd_data(args):
     return 0
 
 
+def cmd_deploy(args):
+    from tfcluster import deploy
+    return deploy.run(args)
+
+
 def cmd_plot(args):
     from tfcluster import plot, runs
     run_dirs = [runs.load(args.runs_dir, run_id).dir for run_id in args.runs]
@@ -375,4 +393,5 @@ def cmd_tensorboard(args):
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
             "sync": cmd_sync, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
-            "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard}
+            "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
+            "deploy": cmd_deploy}

@@ -9,9 +9,11 @@ import threading
 from tfcluster import runs
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.hosts import HostError
+from tfcluster.hints import print_hints
 from tfcluster.monitor import TAIL_LINES, policy_met
 from tfcluster.summary import print_summary
 from tfcluster_agent import protocol as P
+from tfcluster_agent.runmodel import TaskState
 
 COLLECTED_FOLDERS = ("tensorboard",)
 
@@ -93,6 +95,9 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
         reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
         for line in monitor.tails[outcome.task.label]:
             reporter.out("    " + line)
+    if outcome is not None:
+        print_hints(reporter, record.dir, [task.log for task in record.tasks.values()
+                                           if task.state is TaskState.FAILED and task.log])
     reporter.note("logs and run.json in %s" % record.dir)
 
 

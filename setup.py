@@ -1,0 +1,35 @@
+"""The wheel's one build step beyond pyproject.toml: the Ansible content (galaxy.yml, meta/,
+playbooks/, roles/, ansible.cfg) goes into the wheel as ansible_collections/tfcluster/cluster/, copied from
+this checkout at build time, so playbooks/ and roles/ stay the one source. ansible-playbook finds
+collections on sys.path: with the wheel installed, `ansible-playbook tfcluster.cluster.deploy`
+works anywhere. An editable install (`make setup`) runs the checkout's playbooks/ instead."""
+import os
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+COLLECTION = os.path.join("ansible_collections", "tfcluster", "cluster")
+# ansible.cfg: the settings `tfcluster deploy` runs the playbooks with (ANSIBLE_CONFIG).
+CONTENT = ("galaxy.yml", "README.md", "ansible.cfg", "meta", "playbooks", "roles")
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class BuildWithCollection(build_py):
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        target = os.path.join(self.build_lib, COLLECTION)
+        shutil.rmtree(target, ignore_errors=True)
+        for name in CONTENT:
+            source = os.path.join(ROOT, name)
+            if os.path.isdir(source):
+                shutil.copytree(source, os.path.join(target, name),
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+            else:
+                os.makedirs(target, exist_ok=True)
+                shutil.copy2(source, target)
+
+
+setup(cmdclass={"build_py": BuildWithCollection})

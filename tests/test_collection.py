@@ -1,0 +1,243 @@
+"""The Ansible content as the collection tfcluster.cluster: in the wheel, in the tarball, and
+`tfcluster deploy` running it from wherever tfcluster is installed, outside any checkout."""
+import fnmatch
+import glob
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+import yaml
+
+from conftest import REPO
+from tfcluster import cli, deploy
+
+COLLECTION = "ansible_collections/tfcluster/cluster/"
+# What `make collection` puts in the tarball: the Ansible content and the host packages.
+TARBALL_TOP = {"README.md", "meta", "playbooks", "roles", "tfcluster_agent", "trainers"}
+HARMLESS_INVENTORY = """all:
+  vars:
+    ansible_connection: local
+    # Nothing to provision: every playbook validates and leaves the slots alone.
+    tfcluster_deploy: false
+  children:
+    worker:
+      hosts:
+        worker0: {ansible_host: localhost}
+    ps:
+      hosts:
+        ps0: {ansible_host: localhost}
+"""
+
+
+def git_files(*paths):
+    out = subprocess.run(["git", "ls-files", "-z", "--", *paths], cwd=REPO, capture_output=True,
+                         check=True).stdout.decode()
+    return [p for p in out.split("\0") if p]
+
+
+def test_collection_metadata_matches_the_package():
+    galaxy = yaml.safe_load(open(os.path.join(REPO, "galaxy.yml")))
+    pyproject = open(os.path.join(REPO, "pyproject.toml")).read()
+    version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
+    assert (galaxy["namespace"], galaxy["name"], galaxy["version"]) == ("tfcluster", "cluster",
+                                                                        version)
+    runtime = yaml.safe_load(open(os.path.join(REPO, "meta", "runtime.yml")))
+    pin = re.search(r'"ansible-core>=([0-9.]+),<([0-9.]+)"', pyproject).groups()
+    assert runtime["requires_ansible"] == ">=%s.0,<%s.0" % pin
+
+
+def test_playbook_names_are_collection_names():
+    # tfcluster.cluster.NAME: no dashes (ansible-core's collection playbook names are \w+).
+    names = [os.path.basename(p)[:-4] for p in glob.glob(os.path.join(REPO, "playbooks", "*.yml"))]
+    assert sorted(names) == sorted(deploy.PLAYBOOKS)
+    assert all(re.fullmatch(r"\w+", name) for name in names)
+
+
+def test_tarball_leaves_everything_else_out():
+    """galaxy.yml's build_ignore, applied to the checkout's files, leaves just TARBALL_TOP."""
+    patterns = yaml.safe_load(open(os.path.join(REPO, "galaxy.yml")))["build_ignore"]
+    kept = {path.split("/")[0] for path in git_files()
+            if not any(fnmatch.fnmatch(part, pattern)
+                       for part in (path.split("/")[0], path) for pattern in patterns)}
+    assert kept == TARBALL_TOP | {"galaxy.yml"}, kept
+
+
+def test_find_content_prefers_the_installed_collection(tmp_path):
+    root = tmp_path / COLLECTION
+    (root / "playbooks").mkdir(parents=True)
+    (root / "playbooks" / "deploy.yml").write_text("---\n")
+    assert deploy.find_content([str(tmp_path / "nothing"), str(tmp_path)]) == (str(tmp_path),
+                                                                              str(root))
+    # No collection on the path: the checkout this tfcluster runs from.
+    assert deploy.find_content([str(tmp_path / "nothing")]) == (None, REPO)
+
+
+def parse_deploy(*argv):
+    argv = list(argv)
+    rest = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = cli.build_parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args.trainer_args = rest
+    return args
+
+
+def test_deploy_passes_ansible_playbook_options_through():
+    args = parse_deploy("deploy", "-i", "hosts.yml", "-e", "a=1", "-e", "@vars.yml", "--limit",
+                        "gpu*", "--check", "--diff", "--tags", "x,y", "-vv", "--", "--forks", "3")
+    cmd = deploy.playbook_command(args, "/site", "/site/" + COLLECTION)
+    assert cmd[:5] == [sys.executable, "-m", "ansible", "playbook", "tfcluster.cluster.deploy"]
+    assert cmd[5:] == ["-i", "hosts.yml", "-e", "a=1", "-e", "@vars.yml", "--limit", "gpu*",
+                       "--tags", "x,y", "--check", "--diff", "-vv", "--forks", "3"]
+    args = parse_deploy("deploy", "-i", "h.yml", "--playbook", "teardown")
+    assert deploy.playbook_command(args, None, REPO)[4] == os.path.join(REPO, "playbooks",
+                                                                        "teardown.yml")
+
+
+def test_deploy_runs_with_the_settings_that_came_with_the_playbooks():
+    env = deploy.playbook_env("/site", "/site/" + COLLECTION, {"HOME": "/h", "PWD": "/old"})
+    assert env == {"HOME": "/h", "ANSIBLE_CONFIG": "/site/" + COLLECTION + "ansible.cfg",
+                   "ANSIBLE_COLLECTIONS_PATH": "/site", "PWD": os.getcwd()}
+    env = deploy.playbook_env(None, REPO, {})
+    assert env == {"ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"), "PWD": os.getcwd()}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["deploy"], "the following arguments are required: -i/--inventory"),
+    (["deploy", "-i", "/nonexistent/hosts.yml"], "inventory /nonexistent/hosts.yml: no such file"),
+    (["deploy", "-i", "h.yml", "--playbook", "site"], "invalid choice: 'site'"),
+])
+def test_deploy_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit:  # argparse's own errors
+        code = exit.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------- built and installed
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """The wheel, built from this checkout as `pip wheel` does (isolated build)."""
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                           str(out), REPO], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The metadata is current: no setuptools deprecation notice.
+    assert "eprecat" not in proc.stdout + proc.stderr, proc.stderr
+    (path,) = glob.glob(str(out / "tfcluster-*.whl"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory):
+    """A venv outside the checkout with the wheel installed, and a folder to run it in.
+
+    The wheel goes in with --no-deps; its dependencies (ansible-core, TensorFlow...) are read
+    from this test's own venv through a .pth line, which adds the folder without running its
+    .pth files, so the checkout's editable tfcluster stays out: what runs is the wheel's."""
+    base = tmp_path_factory.mktemp("installed")
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    deps = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+    with open(os.path.join(site, "zz-test-dependencies.pth"), "w") as handle:
+        handle.write("\n".join(deps) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                           site, wheel], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    work = base / "work"
+    work.mkdir()
+    (work / "hosts.yml").write_text(HARMLESS_INVENTORY)
+    return python, site, str(work)
+
+
+def in_installed(installed, *argv, timeout=300):
+    python, _, work = installed
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_NOCOLOR="1", PYTHONPATH="", PWD=work)  # as a shell sets PWD
+    return subprocess.run([python, *argv], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_checkouts_ansible_content(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for path in git_files("playbooks", "roles", "meta", "galaxy.yml", "ansible.cfg"):
+            assert COLLECTION + path in names, path
+            with open(os.path.join(REPO, path), "rb") as handle:
+                assert archive.read(COLLECTION + path) == handle.read(), path
+        # The host packages the trainers role pushes sit beside ansible_collections/.
+        assert {"tfcluster_agent/agent.py", "trainers/requirements.txt",
+                "trainers/requirements-no-deps.txt", "trainers/datasets.json"} <= names
+
+
+@pytest.mark.slow
+def test_installed_wheel_runs_the_playbooks_outside_the_checkout(installed):
+    python, site, work = installed
+    proc = in_installed(installed, "-c", "import tfcluster; print(tfcluster.__file__)")
+    assert proc.stdout.startswith(site), proc.stdout + proc.stderr
+    for name in deploy.PLAYBOOKS:
+        proc = in_installed(installed, "-m", "ansible", "playbook", "tfcluster.cluster." + name,
+                            "-i", "hosts.yml", "--syntax-check")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert os.path.join(site, COLLECTION, "playbooks", name + ".yml") in proc.stdout
+    proc = in_installed(installed, "-m", "tfcluster", "deploy", "-i", "hosts.yml", "--check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tfcluster: ansible-playbook tfcluster.cluster.deploy -i hosts.yml --check" in proc.stdout
+    assert re.search(r"worker0\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", proc.stdout)
+
+
+@pytest.mark.slow
+def test_host_code_is_found_from_a_users_own_playbook(installed):
+    """A playbook of the user's (here: the work folder) importing the collection's: the roles
+    find the host packages where the wheel put them, site-packages."""
+    python, site, work = installed
+    with open(os.path.join(work, "site.yml"), "w") as handle:
+        handle.write("""- name: Validate
+  ansible.builtin.import_playbook: tfcluster.cluster.validate
+- name: Show where the host code is
+  hosts: localhost
+  gather_facts: false
+  roles: [tfcluster.cluster.tfcluster]
+  tasks:
+    - name: Show
+      ansible.builtin.debug:
+        msg: "src={{ tfcluster_src }} dir={{ tfcluster_controller_dir }}"
+""")
+    proc = in_installed(installed, "-m", "ansible", "playbook", "site.yml", "-i", "hosts.yml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert '"msg": "src=%s dir=%s"' % (site, work) in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_collection_tarball_installs_and_runs_from_files(tmp_path):
+    """`make collection`'s tarball, installed with ansible-galaxy from the file."""
+    galaxy = os.path.join(os.path.dirname(sys.executable), "ansible-galaxy")
+    proc = subprocess.run([galaxy, "collection", "build", "--output-path", str(tmp_path), REPO],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (tarball,) = glob.glob(str(tmp_path / "tfcluster-cluster-*.tar.gz"))
+    with tarfile.open(tarball) as archive:
+        top = {name.split("/")[0] for name in archive.getnames()}
+    assert top == TARBALL_TOP | {"MANIFEST.json", "FILES.json"}, top
+    proc = subprocess.run([galaxy, "collection", "install", "-p", str(tmp_path / "collections"),
+                           tarball], cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (tmp_path / "hosts.yml").write_text(HARMLESS_INVENTORY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(tmp_path / "collections"),
+               ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false")
+    proc = subprocess.run([sys.executable, "-m", "ansible", "playbook", "tfcluster.cluster.deploy",
+                           "-i", "hosts.yml", "--syntax-check"], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert str(tmp_path / "collections" / COLLECTION) in proc.stdout

@@ -1,0 +1,87 @@
+"""`tfcluster deploy`: run a tfcluster playbook with the project's Ansible settings, from wherever
+tfcluster is installed.
+
+With the wheel installed, the playbooks are the collection tfcluster.cluster in site-packages
+(ansible_collections/tfcluster/cluster/, put there by setup.py); from a checkout (an editable
+install) they are the checkout's playbooks/. Either way ansible-playbook runs with the settings
+file that came with them (ANSIBLE_CONFIG: the checkout's ansible.cfg, copied into the wheel), so
+neither a checkout nor the current directory's ansible.cfg is needed.
+"""
+import os
+import subprocess
+import sys
+
+from tfcluster.errors import UsageError
+
+COLLECTION = os.path.join("ansible_collections", "tfcluster", "cluster")
+PLAYBOOKS = ("deploy", "stop", "teardown", "validate")
+
+
+def checkout_root():
+    """The folder holding the tfcluster package: a checkout's root for an editable install."""
+    import tfcluster
+    return os.path.dirname(os.path.dirname(os.path.abspath(tfcluster.__file__)))
+
+
+def find_content(search_path=None):
+    """(collections dir, content root): the installed collection on SEARCH_PATH (default
+    sys.path), else the checkout this tfcluster runs from (collections dir None)."""
+    for entry in search_path if search_path is not None else sys.path:
+        root = os.path.join(entry or os.getcwd(), COLLECTION)
+        if os.path.isfile(os.path.join(root, "playbooks", "deploy.yml")):
+            return os.path.abspath(entry or os.getcwd()), root
+    root = checkout_root()
+    if os.path.isfile(os.path.join(root, "playbooks", "deploy.yml")):
+        return None, root
+    raise UsageError("tfcluster's playbooks are not installed beside it (no %s on sys.path and "
+                     "no checkout at %s): reinstall tfcluster from its wheel" % (COLLECTION, root))
+
+
+def playbook_command(args, collections_dir, root):
+    """The ansible-playbook command line for ARGS (the `deploy` subcommand's options)."""
+    if collections_dir:
+        playbook = "tfcluster.cluster." + args.playbook
+    else:
+        playbook = os.path.join(root, "playbooks", args.playbook + ".yml")
+    # This interpreter's Ansible: the one installed with tfcluster, whatever PATH says.
+    cmd = [sys.executable, "-m", "ansible", "playbook", playbook, "-i", args.inventory]
+    for value in args.extra_vars:
+        cmd += ["-e", value]
+    for flag, value in (("--limit", args.limit), ("--tags", args.tags),
+                        ("--skip-tags", args.skip_tags)):
+        if value:
+            cmd += [flag, value]
+    cmd += ["--check"] * args.check + ["--diff"] * args.diff
+    if args.verbose:
+        cmd.append("-" + "v" * args.verbose)
+    return cmd + list(args.trainer_args)
+
+
+def playbook_env(collections_dir, root, environ=None):
+    """The environment ansible-playbook runs in: the project's settings file, and only the
+    installed collection (a copy in ~/.ansible/collections must not shadow it)."""
+    env = dict(os.environ if environ is None else environ)
+    env["ANSIBLE_CONFIG"] = os.path.join(root, "ansible.cfg")
+    # tfcluster_controller_dir outside a checkout (wheelhouse/, data/), whoever started us.
+    env["PWD"] = os.getcwd()
+    if collections_dir:
+        env["ANSIBLE_COLLECTIONS_PATH"] = collections_dir
+    return env
+
+
+def check_inventory(inventory):
+    # "host1,host2," is an inline host list, not a file.
+    if "," not in inventory and not os.path.exists(inventory):
+        raise UsageError("inventory %s: no such file or folder (pass -i INVENTORY, e.g. a copy "
+                         "of inventory/sample/hosts.yml)" % inventory)
+
+
+def run(args):
+    check_inventory(args.inventory)
+    collections_dir, root = find_content()
+    cmd = playbook_command(args, collections_dir, root)
+    print("tfcluster: ansible-playbook %s" % " ".join(cmd[4:]), flush=True)
+    try:
+        return subprocess.call(cmd, env=playbook_env(collections_dir, root))
+    except KeyboardInterrupt:
+        return 130
