@@ -486,7 +486,7 @@ def test_claims_go_when_launcher_and_agent_are_killed(fake_gpus, tmp_path):
         held = [u for u in fake_gpus.uuids() if gpuclaims.holder(u)]
         assert len(held) == 4
         agents = [pid for pid, cmd in processes_matching(str(tmp_path))
-                  if "tfcluster_agent/agent.py serve" in cmd]
+                  if "tfcluster_agent serve" in cmd]
         assert agents
         for pid in [first.pid] + agents:
             os.kill(pid, signal.SIGKILL)
