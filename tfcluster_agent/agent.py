@@ -108,7 +108,8 @@ class Agent:
     def on_preflight(self, msg):
         from tfcluster_agent.hostinfo import preflight_report
         report = preflight_report(msg.python, msg.ports, msg.code_dir, msg.cache_dir or None,
-                                  msg.datasets, msg.nvidia_smi, set(self.gpu_claims.held))
+                                  msg.datasets, msg.nvidia_smi,
+                                  lambda: set(self.gpu_claims.held))
         report["port_holders"] = self.claims.claim(
             [int(p) for p in msg.ports], "a launch in its preflight (agent pid %d)" % os.getpid())
         for port in report["port_holders"]:

@@ -8,9 +8,8 @@ import json
 import os
 import socket
 import sys
-import threading
 
-from tfcluster_agent import datafiles, gpuinfo
+from tfcluster_agent import datafiles
 from tfcluster_agent.protocol import code_hash
 from tfcluster_agent.supervisor import boot_id, write_atomic
 
@@ -172,25 +171,44 @@ def python_report(python, cache_dir=None, import_seconds=120):
     return report
 
 
+def program_found(program):
+    """True when PROGRAM (a path, or a name looked up on PATH) is an executable file."""
+    if os.sep in program:
+        return os.access(program, os.X_OK)
+    return any(os.access(os.path.join(folder, program), os.X_OK)
+               for folder in os.environ.get("PATH", os.defpath).split(os.pathsep))
+
+
 def preflight_report(python, ports, code_dir, cache_dir=None, datasets=(), nvidia_smi="",
-                     own_gpu_claims=()):
+                     own_gpu_claims=lambda: ()):
+    """The machine's answer to a preflight; OWN_GPU_CLAIMS() names the GPUs this agent holds."""
     report = {"hostname": socket.gethostname(), "cpus": os.cpu_count() or 1,
               "agent_python": sys.executable}
-    # The GPU query (nvidia-smi can take seconds) runs while the interpreter is checked.
-    def query_gpus():
-        try:
-            report["gpu_facts"] = gpuinfo.host_gpus(nvidia_smi, own_gpu_claims)
-        except Exception as err:  # a preflight answers whatever the GPUs say
-            report["gpu_facts"] = {"driver": None, "gpus": [], "error": "GPU query failed: %r"
-                                   % err}
+    nvidia_smi = nvidia_smi or "nvidia-smi"
+    gpu_query = None
+    if program_found(nvidia_smi):
+        # The GPU query (nvidia-smi can take seconds) runs while the interpreter is checked.
+        import threading
+        from tfcluster_agent import gpuinfo
 
-    gpu_query = threading.Thread(target=query_gpus)
-    gpu_query.start()
+        def query_gpus():
+            try:
+                report["gpu_facts"] = gpuinfo.host_gpus(nvidia_smi, own_gpu_claims())
+            except Exception as err:  # a preflight answers whatever the GPUs say
+                report["gpu_facts"] = {"driver": None, "gpus": [],
+                                       "error": "GPU query failed: %r" % err}
+
+        gpu_query = threading.Thread(target=query_gpus)
+        gpu_query.start()
+    else:  # no driver tools (most hosts): nothing to start or import for them
+        report["gpu_facts"] = {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}
     report.update(python_report(python, cache_dir))
     report["ports"] = {str(p): port_is_free(int(p)) for p in ports}
     report["code_hash"] = code_hash(code_dir) if os.path.isdir(code_dir) else None
-    gpu_query.join()
-    report["gpus"] = gpuinfo.smi_lines(report["gpu_facts"])
+    report["gpus"] = []
+    if gpu_query is not None:
+        gpu_query.join()
+        report["gpus"] = gpuinfo.smi_lines(report["gpu_facts"])
     missing = {folder: datafiles.missing_files(name, folder) for name, folder in datasets}
     report["missing_data"] = {folder: names for folder, names in missing.items() if names}
     return report
