@@ -11,6 +11,6 @@ sys.pycache_prefix = sys.pycache_prefix or os.path.join(
     os.path.expanduser("~"), ".cache", "tfcluster", "pycache")
 sys.dont_write_bytecode = False
 
-from tfcluster_agent.agent import main  # noqa: E402
+from tfcluster_agent.commands import main  # noqa: E402
 
 main()

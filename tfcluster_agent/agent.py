@@ -14,7 +14,6 @@ the folder's records and follows its log files instead.
 # Its start is each host's cost per launch: only what the first message needs is imported here;
 # the rest (argparse, hostinfo, threading, base64...) where it is used.
 import _thread
-import json
 import os
 import select
 import sys
@@ -377,52 +376,6 @@ class Agent:
                     self._gpu_claims.touch()
 
 
-# ---------------------------------------------------------------- command line
-
-def cmd_serve(args):
-    Agent().serve()
-
-
-def cmd_stop(args):
-    """Stop every task of a run folder (playbooks/stop.yml); verified identities only."""
-    names = [n for n in S.task_names(args.dir) if is_task_name(n)]
-    result = {}
-    for name in names:
-        alive = S.task_state(args.dir, name)["alive"]
-        gone = S.kill_group(args.dir, name, args.grace) if alive else True
-        result[name] = ("stopped" if gone else "still running") if alive else "not running"
-    print(json.dumps({"tasks": result,
-                      "remaining": [n for n in names if S.task_state(args.dir, n)["alive"]]}))
-
-
-def cmd_hash(args):
-    print(P.code_hash(args.dir))
-
-
-def build_parser():
-    import argparse
-    parser = argparse.ArgumentParser(prog="agent.py", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    code_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sub.add_parser("serve", help="talk to the controller on stdin/stdout").set_defaults(
-        func=cmd_serve)
-    p = sub.add_parser("stop", help="stop every task of a run folder (TERM, then KILL)")
-    p.add_argument("--dir", required=True)
-    p.add_argument("--grace", type=float, default=10)
-    p.set_defaults(func=cmd_stop)
-    p = sub.add_parser("hash", help="print the host code's content hash (agent and trainers)")
-    p.add_argument("--dir", default=code_root, help="the code root holding both packages")
-    p.set_defaults(func=cmd_hash)
-    return parser
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv == ["serve"]:  # every launch on every host: no argparse for it
-        return cmd_serve(None)
-    args = build_parser().parse_args(argv)
-    args.func(args)
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # playbooks run `agent.py stop|hash`; launches run the package
+    from tfcluster_agent.commands import main
     main()

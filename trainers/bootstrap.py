@@ -1,5 +1,6 @@
-"""What every trainer shares: the cluster, the server, flags, seeds, sessions, checkpoints, the
-result line. The training loop itself (clock, metrics, TensorBoard, result schema) is loop.py.
+"""What every trainer shares: the cluster, flags, seeds, the entry point and the result line.
+Servers, sessions and checkpoints are sessions.py; the training loop itself (clock, metrics,
+TensorBoard, result schema) is loop.py.
 
 Host side: imports TensorFlow, numpy and the standard library only, never tfcluster.
 """
@@ -155,44 +156,6 @@ def options(parser, given):
     return cls(**values)
 
 
-def session_config(info, device_filters=True):
-    """ConfigProto for a between-graph replica.
-
-    Device filters keep a worker from waiting on other workers in CreateSession: without them a
-    worker blocks forever once another worker has exited (TensorFlow issues #7376, #11753).
-    In process there is no other task to filter out.
-    """
-    import tensorflow as tf
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=True,
-                                      intra_op_parallelism_threads=info.env.intra_op_threads,
-                                      inter_op_parallelism_threads=info.env.inter_op_threads)
-    if device_filters and info.job != "ps" and not info.in_process:
-        config.device_filters[:] = ["/job:ps", info.device]
-    return config
-
-
-class InProcessServer:
-    """Stands in for the server of an in-process cluster: sessions are local."""
-    target = ""
-
-
-def start_server(info, config=None):
-    if info.in_process:
-        return InProcessServer()
-    import tensorflow as tf
-    server = tf.compat.v1.train.Server(info.cluster_spec(), job_name=info.job,
-                                       task_index=info.index,
-                                       config=config or session_config(info), start=True)
-    log("%s serving at %s" % (info.label, info.jobs[info.job][info.index]))
-    return server
-
-
-def serve_forever(server, info):
-    """A ps task serves until the launcher stops it: TensorFlow has no remote shutdown."""
-    log("%s joined; it serves until tfcluster stops it" % info.label)
-    server.join()
-
-
 def add_mnist_flags(parser):
     """Where the MNIST-shaped examples read their data."""
     parser.add_argument("--data_dir", default="/tmp/mnist-data", help="MNIST IDX .gz files")
@@ -200,36 +163,6 @@ def add_mnist_flags(parser):
                         choices=["mnist", "fashion_mnist", "digits"],
                         help="digits: scikit-learn's bundled 8x8 digits, for offline runs")
     return parser
-
-
-class ExistingServer:
-    """Stands in for this task's server when it was started apart (trainers.grpc_server)."""
-    def __init__(self, info):
-        self.target = "grpc://" + info.jobs[info.job][info.index]
-
-
-def run_between_graph(info, load_dataset, train, existing_servers=False, seed=DEFAULT_SEED):
-    """The classic replica program: a ps serves until stopped (None); a worker trains and
-    returns its results dict.
-
-    LOAD_DATASET() runs on workers only, before the server starts; TRAIN(info, server, dataset)
-    returns the results dict. With EXISTING_SERVERS the workers use servers started apart.
-    The graph (a new one: runs in one process do not share it) is seeded with SEED before TRAIN
-    builds it."""
-    if info.job not in ("ps", "worker"):
-        raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
-    if existing_servers and info.job == "ps":
-        raise SystemExit("with --existing_servers only workers run this program; "
-                         "start the ps servers with `python -m trainers.grpc_server`")
-    dataset = load_dataset() if info.job == "worker" else None
-    import tensorflow as tf
-    with tf.Graph().as_default():
-        seed_everything(seed)
-        server = ExistingServer(info) if existing_servers else start_server(info)
-        if info.job == "ps":
-            serve_forever(server, info)
-            return None
-        return train(info, server, dataset)
 
 
 def add_training_flags(parser, log_every=0):
@@ -256,99 +189,6 @@ def add_checkpoint_flags(parser, default_dir=""):
     parser.add_argument("--save_every_steps", type=int, default=0,
                         help="chief saves a checkpoint every N global steps (0: only at the end)")
     return parser
-
-
-def session_manager(ready_op=None, local_init_op=None, ready_for_local_init_op=None):
-    """TensorFlow's SessionManager polling every half second instead of every 30 s."""
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    return v1.train.SessionManager(
-        local_init_op=local_init_op,
-        ready_op=ready_op if ready_op is not None else v1.report_uninitialized_variables(),
-        ready_for_local_init_op=ready_for_local_init_op, recovery_wait_secs=0.5)
-
-
-def prepare_session(info, server, manager, init_op, saver, checkpoint_dir, config,
-                    max_wait_secs=300):
-    """The chief restores the last checkpoint or initialises; the others wait for it."""
-    if info.in_process:
-        localize_devices()
-    if info.is_chief:
-        sess = manager.prepare_session(server.target, init_op=init_op, saver=saver,
-                                       checkpoint_dir=checkpoint_dir or None, config=config)
-    else:
-        sess = manager.wait_for_session(server.target, config=config, max_wait_secs=max_wait_secs)
-    return sess
-
-
-def localize_devices(graph=None):
-    """Every op of GRAPH (the default graph) on this process's devices: its job and task are
-    dropped, its device type and index kept. A local session cannot honour /job:ps placements
-    that ops are colocated on, even with soft placement."""
-    import tensorflow as tf
-    graph = graph or tf.compat.v1.get_default_graph()
-    for op in graph.get_operations():
-        if op.device:
-            spec = tf.DeviceSpec.from_string(op.device)
-            op._set_device(spec.replace(job=None, replica=None, task=None).to_string())
-
-
-def graph_session(info, server, checkpoint_dir, config=None, **manager_ops):
-    """(session, saver) of a between-graph replica, built after its graph: the chief restores
-    or initialises, the others wait. MANAGER_OPS go to session_manager()."""
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    start_barrier_ops(info)
-    saver = v1.train.Saver(max_to_keep=2)
-    sess = prepare_session(info, server, session_manager(**manager_ops),
-                           v1.global_variables_initializer(), saver, checkpoint_dir,
-                           config if config is not None else session_config(info))
-    return sess, saver
-
-
-BARRIER = "tfcluster_start_barrier"
-
-
-def start_barrier_ops(info):
-    """The graph's start barrier, for start_barrier(): each worker leaves a token in every
-    other worker's queue on ps:0, then takes num_workers - 1 tokens from its own."""
-    import tensorflow as tf
-    v1 = tf.compat.v1
-    count = info.num_workers
-    if count < 2 or not info.num_ps or info.job != "worker":
-        return
-    with v1.device("/job:ps/task:0/cpu:0"):
-        queues = [v1.FIFOQueue(count, [tf.int32], shapes=[[]], name="start_barrier_%d" % i,
-                               shared_name="%s_%d" % (BARRIER, i)) for i in range(count)]
-        arrive = tf.group(*[q.enqueue(info.index) for i, q in enumerate(queues)
-                            if i != info.index])
-        wait = queues[info.index].dequeue_many(count - 1)
-    v1.add_to_collection(BARRIER, arrive)
-    v1.add_to_collection(BARRIER, wait)
-
-
-def start_barrier(sess, info, timeout_s=600):
-    """Wait until every worker got here, so that all of them train: without it a worker whose
-    start (TensorFlow's import) was slower can find the target step already reached."""
-    import tensorflow as tf
-    ops = tf.compat.v1.get_collection(BARRIER)
-    if not ops or info.env.restarted:
-        return  # a restarted worker rejoins a job under way: nobody waits for it any more
-    sess.run(ops[0])
-    try:
-        sess.run(ops[1], options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_s * 1000)))
-    except tf.errors.DeadlineExceededError:
-        raise SystemExit("%s: the other workers did not start within %ds"
-                         % (info.label, timeout_s))
-
-
-def save_checkpoint(sess, saver, checkpoint_dir, global_step):
-    if not checkpoint_dir:
-        return None
-    os.makedirs(checkpoint_dir, exist_ok=True)
-    path = saver.save(sess, os.path.join(checkpoint_dir, "model.ckpt"), global_step=global_step)
-    log("saved checkpoint %s" % path)
-    return path
 
 
 def report(results):

@@ -10,7 +10,7 @@ and print the test accuracy and loss.
 """
 import math
 
-from trainers import bootstrap, data, loop
+from trainers import bootstrap, data, loop, sessions
 
 AGE_BOUNDARIES = [18.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0, 55.0, 60.0, 65.0]
 # Hash buckets of each categorical column (wide weights and deep embeddings alike).
@@ -152,7 +152,7 @@ def train(info, server, dataset, args):
     """The worker's loop; returns the results dict for the result line."""
     model = build_model(dataset, args, info)
     bootstrap.log("Worker %d: initializing session..." % info.index)
-    sess, saver = bootstrap.graph_session(info, server, args.model_dir)
+    sess, saver = sessions.graph_session(info, server, args.model_dir)
     bootstrap.log("Worker %d: session initialization complete (wide %d, deep %d parameters)."
                   % (info.index, model["wide_params"], model["deep_params"]))
     # The test set in --eval_steps batches (1: all at once).
@@ -161,7 +161,7 @@ def train(info, server, dataset, args):
         info, sess, saver, args, model, dataset, args.train_steps,
         feed=lambda batch: feed(model, *batch), eval_batch_size=eval_batch)
     if info.is_chief:
-        bootstrap.save_checkpoint(sess, saver, args.model_dir, progress.step)
+        sessions.save_checkpoint(sess, saver, args.model_dir, progress.step)
     loss, acc = evaluate()
     majority = max(dataset.test_y.mean(), 1.0 - dataset.test_y.mean())
     bootstrap.log("Worker %d: after %d global steps (%d local, %.2f s), on the %s test set "
@@ -178,7 +178,7 @@ def run(options, cluster):
     """This task's part: a worker trains and returns its results dict, a ps serves (None).
     OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a bootstrap.ClusterInfo."""
     args = bootstrap.options(build_parser(), options)
-    return bootstrap.run_between_graph(
+    return sessions.run_between_graph(
         cluster, lambda: load_dataset(args),
         lambda info, server, dataset: train(info, server, dataset, args), seed=args.seed)
 

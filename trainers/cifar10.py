@@ -20,7 +20,7 @@ gradient can throw the model off, hence the clipping.
 import time
 
 from trainers import bootstrap, cifar10_local, cifar10_model as model, cifar10_modes as modes
-from trainers import loop, models
+from trainers import loop, models, sessions
 
 MODES = modes.MODES + ("local",)
 
@@ -91,16 +91,16 @@ def train_distributed(info, server, dataset, args):
     v1 = tf.compat.v1
     rate = learning_rate(args, info)
     m = modes.build(dataset, args, info, rate)
-    bootstrap.start_barrier_ops(info)
+    sessions.start_barrier_ops(info)
     saver = v1.train.Saver(var_list=v1.global_variables(), max_to_keep=2)
-    manager = bootstrap.session_manager(
+    manager = sessions.session_manager(
         local_init_op=m["local_init"],
         ready_for_local_init_op=v1.report_uninitialized_variables(v1.global_variables()))
     bootstrap.log("Worker %d (%s): initializing session..." % (info.index, args.mode))
-    sess = bootstrap.prepare_session(info, server, manager, v1.global_variables_initializer(),
-                                     saver, args.checkpoint_dir, bootstrap.session_config(info),
+    sess = sessions.prepare_session(info, server, manager, v1.global_variables_initializer(),
+                                     saver, args.checkpoint_dir, sessions.session_config(info),
                                      max_wait_secs=args.op_timeout_s)
-    bootstrap.start_barrier(sess, info)
+    sessions.start_barrier(sess, info)
     options = v1.RunOptions(timeout_in_ms=int(args.op_timeout_s * 1000))
     start = read_counters(sess, m)
     if args.mode == "async" and info.is_chief and sess.run(m["lock_size"]) == 0:
@@ -148,7 +148,7 @@ def train_distributed(info, server, dataset, args):
     _wait_for_others(sess, m, info, start, applier, args.op_timeout_s)
     end = read_counters(sess, m)
     if info.is_chief:
-        bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, end["global_step"])
+        sessions.save_checkpoint(sess, saver, args.checkpoint_dir, end["global_step"])
     final = model.evaluate(sess, m["eval"], dataset, args)
     bootstrap.log("Worker %d (%s): %d local steps in %.2f s; after global step %d: test loss "
                   "%.4f, accuracy %.4f (%s)" % (info.index, args.mode, progress.local_steps,
@@ -210,7 +210,7 @@ def run(options, cluster, env=None):
     if args.mode == "local":
         return cifar10_local.run(args, cluster, env)
     check_mode(args.mode, cluster)
-    return bootstrap.run_between_graph(
+    return sessions.run_between_graph(
         cluster, lambda: model.load(args),
         lambda info, server, dataset: train_distributed(info, server, dataset, args),
         seed=args.seed)

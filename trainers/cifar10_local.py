@@ -4,7 +4,7 @@ The towers are mnist_towers' (the same devices, the same gradient average): GPUs
 has enough of them, else logical CPU devices. The variables live on the CPU; each tower computes
 the gradients of its slice of the batch on its device, the CPU averages and applies them.
 """
-from trainers import bootstrap, cifar10_model as model, loop, mnist_towers, models
+from trainers import bootstrap, cifar10_model as model, loop, mnist_towers, models, sessions
 
 
 def build_local(dataset, args, devices):
@@ -68,7 +68,7 @@ def _train_local(tf, dataset, args, info, env, count, devices):
         allow_soft_placement=True, intra_op_parallelism_threads=env.intra_op_threads,
         inter_op_parallelism_threads=env.inter_op_threads))
     saver = v1.train.Saver(max_to_keep=2)
-    sess = bootstrap.session_manager().prepare_session(
+    sess = sessions.session_manager().prepare_session(
         "", init_op=v1.global_variables_initializer(), saver=saver,
         checkpoint_dir=args.checkpoint_dir or None, config=config)
     session_devices = sorted(d.name for d in sess.list_devices())
@@ -89,7 +89,7 @@ def _train_local(tf, dataset, args, info, env, count, devices):
         step += 1  # this process alone updates the variables
         progress.tick(step, float(loss))
     elapsed = progress.stop()
-    bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step)
+    sessions.save_checkpoint(sess, saver, args.checkpoint_dir, step)
     final = model.evaluate(sess, m["eval"], dataset, args)
     bootstrap.log("local: after step %d (%.2f s): test loss %.4f, accuracy %.4f (%s)"
                   % (step, elapsed, final[0], final[1], dataset.name))

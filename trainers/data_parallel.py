@@ -25,7 +25,7 @@ before it exits, so no worker is left talking to a master that is gone.
 
 The model: one hidden ReLU layer and softmax, gradient descent on the averaged gradient.
 """
-from trainers import bootstrap, data, loop, models
+from trainers import bootstrap, data, loop, models, sessions
 
 MASTER_JOB = "chief"
 
@@ -127,7 +127,7 @@ def build_apply(args, model, grad_queues, token_queues):
 
 def session_config(info):
     """Each task talks to the master and itself only (a worker never waits on the other one)."""
-    config = bootstrap.session_config(info, device_filters=False)
+    config = sessions.session_config(info, device_filters=False)
     config.device_filters[:] = sorted({master_device(), info.device})
     return config
 
@@ -168,14 +168,14 @@ def train_master(info, sess, saver, model, dataset, args, evaluate):
                                                 "/".join(str(int(s)) for s in stamps),
                                                 " ".join("%.4f" % v for v in losses)))
         if args.save_every_steps and progress.local_steps % args.save_every_steps == 0:
-            bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step)
+            sessions.save_checkpoint(sess, saver, args.checkpoint_dir, step)
     progress.stop()
     contributions, fresh = counters(sess, model)
     bootstrap.log("Master: %d steps in %.2fs; contributions %s; fresh %s"
                   % (progress.local_steps, progress.elapsed, contributions, fresh))
     extras = {"role": "master", "applied_steps": progress.local_steps,
               "contributions": contributions, "fresh": fresh}
-    if bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step):
+    if sessions.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step):
         extras["checkpoint_step"] = progress.step
     loss, accuracy = evaluate()
     try:
@@ -218,7 +218,7 @@ def train_worker(info, sess, model, dataset, args, evaluate):
 
 def train(info, server, dataset, args):
     model = build_model(dataset, args, info)
-    sess, saver = bootstrap.graph_session(info, server, args.checkpoint_dir,
+    sess, saver = sessions.graph_session(info, server, args.checkpoint_dir,
                                           config=session_config(info))
     evaluate = loop.test_evaluator(sess, model, dataset)
     if info.job == MASTER_JOB:
@@ -248,7 +248,7 @@ def run(options, cluster):
     import tensorflow as tf
     with tf.Graph().as_default():
         bootstrap.seed_everything(args.seed)
-        server = bootstrap.start_server(info, session_config(info))
+        server = sessions.start_server(info, session_config(info))
         return train(info, server, dataset, args)
 
 

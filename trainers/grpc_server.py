@@ -3,7 +3,7 @@
 For clusters whose servers are started apart from the training program (mnist_replica
 --existing_servers connects to them).
 """
-from trainers import bootstrap
+from trainers import bootstrap, sessions
 
 
 def build_parser():
@@ -23,7 +23,7 @@ def start(options, cluster):
     bootstrap.ClusterInfo."""
     args = bootstrap.options(build_parser(), options)
     import tensorflow as tf
-    config = bootstrap.session_config(cluster, device_filters=False)
+    config = sessions.session_config(cluster, device_filters=False)
     config.gpu_options.per_process_gpu_memory_fraction = args.gpu_memory_fraction
     return tf.compat.v1.train.Server(cluster.cluster_spec(), job_name=cluster.job,
                                      task_index=cluster.index, config=config, start=True)
@@ -38,7 +38,7 @@ def main(argv, environ):
                                         bootstrap.TaskEnv.from_environ(environ))
     else:
         cluster = bootstrap.cluster_from_tf_config(environ)
-    bootstrap.serve_forever(start(args, cluster), cluster)
+    sessions.serve_forever(start(args, cluster), cluster)
     return 0
 
 

@@ -11,7 +11,7 @@ import socket
 import time
 
 from tfcluster_agent import protocol
-from trainers import bootstrap, data, models
+from trainers import bootstrap, data, models, sessions
 
 POINTS_PER_TASK = 10  # metrics points a task reports when --log_every is left at 0
 
@@ -185,7 +185,7 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
     shard = dataset.shard(info.index, info.num_workers)
     batches = data.batches(shard.train_x, shard.train_y, args.batch_size,
                            seed=(args.seed, info.index))
-    bootstrap.start_barrier(sess, info)
+    sessions.start_barrier(sess, info)
     start = int(sess.run(model["global_step"]))
     initial_loss, initial_accuracy = evaluate_fn()
     progress = Progress(info, args, args.batch_size, start, initial_loss, initial_accuracy,
@@ -205,7 +205,7 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
         progress.tick(step, loss)
         every = getattr(args, "save_every_steps", 0)
         if info.is_chief and every and progress.local_steps % every == 0:
-            bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step)
+            sessions.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step)
     progress.stop()
     if progress.devices is None:  # no step left to take: trace the model on one example
         _, progress.step_stats = models.traced_run(

@@ -14,7 +14,7 @@ a sigmoid network in 20 epochs). At the end every worker prints `Test-Accuracy`,
 """
 import math
 
-from trainers import bootstrap, data, loop, models
+from trainers import bootstrap, data, loop, models, sessions
 
 
 def build_parser():
@@ -82,7 +82,7 @@ def wait_for_others(sess, model, seconds):
 def train(info, server, dataset, args):
     """One worker's loop; returns the results dict for the result line."""
     model = build_model(dataset, args, info)
-    sess, saver = bootstrap.graph_session(info, server, args.checkpoint_dir)
+    sess, saver = sessions.graph_session(info, server, args.checkpoint_dir)
     target = target_step(dataset, args)
     bootstrap.log("Worker %d: training to global step %d (%d per epoch)"
                   % (info.index, target, steps_per_epoch(dataset, args.batch_size)))
@@ -92,7 +92,7 @@ def train(info, server, dataset, args):
     if info.is_chief:
         extras["others_finished"] = wait_for_others(sess, model, args.finish_wait_secs)
         step = int(sess.run(model["global_step"]))
-        if bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step):
+        if sessions.save_checkpoint(sess, saver, args.checkpoint_dir, step):
             extras["checkpoint_step"] = step
     final_cost, accuracy = evaluate()
     step = int(sess.run(model["global_step"]))
@@ -109,7 +109,7 @@ def run(options, cluster):
     """This task's part: a worker trains and returns its results dict, a ps serves (None).
     OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a bootstrap.ClusterInfo."""
     args = bootstrap.options(build_parser(), options)
-    return bootstrap.run_between_graph(
+    return sessions.run_between_graph(
         cluster, lambda: data.load_images(args.dataset, args.data_dir),
         lambda info, server, dataset: train(info, server, dataset, args), seed=args.seed)
 

@@ -4,7 +4,7 @@ One hidden ReLU layer and softmax, Adam; variables on the ps tasks through repli
 asynchronous by default, synchronous with --sync_replicas (SyncReplicasOptimizer). Training ends
 when the global step reaches --train_steps; each worker then prints its validation cross entropy.
 """
-from trainers import bootstrap, data, loop, models
+from trainers import bootstrap, data, loop, models, sessions
 
 
 def build_parser():
@@ -55,7 +55,7 @@ def train(info, server, dataset, args):
         chief_queue_runner = optimizer.get_chief_queue_runner()
         init_tokens_op = optimizer.get_init_tokens_op()
     bootstrap.log("Worker %d: initializing session..." % info.index)
-    sess, saver = bootstrap.graph_session(info, server, args.checkpoint_dir, **manager_ops)
+    sess, saver = sessions.graph_session(info, server, args.checkpoint_dir, **manager_ops)
     bootstrap.log("Worker %d: session initialization complete." % info.index)
     coord = None
     if args.sync_replicas and info.is_chief:
@@ -68,7 +68,7 @@ def train(info, server, dataset, args):
     bootstrap.log("Training ends @ %.3f s; local steps %d" % (progress.elapsed,
                                                               progress.local_steps))
     if info.is_chief:
-        bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step)
+        sessions.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step)
     loss, accuracy = evaluate()
     bootstrap.log("After %d training step(s), validation cross entropy = %g"
                   % (progress.step, loss))
@@ -85,7 +85,7 @@ def run(options, cluster):
         data.load_images(args.dataset, args.data_dir)
         bootstrap.log("data present in %s" % args.data_dir)
         return None
-    return bootstrap.run_between_graph(
+    return sessions.run_between_graph(
         cluster, lambda: data.load_images(args.dataset, args.data_dir),
         lambda info, server, dataset: train(info, server, dataset, args),
         existing_servers=args.existing_servers, seed=args.seed)

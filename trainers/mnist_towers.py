@@ -13,7 +13,7 @@ session there; without one it runs in-process. The chief checkpoints; a new run 
 --checkpoint_dir resumes from the saved global step.
 """
 
-from trainers import bootstrap, data, loop, models
+from trainers import bootstrap, data, loop, models, sessions
 
 KERNEL = 5
 CONV_DEPTHS = (16, 32)
@@ -203,10 +203,10 @@ def train(info, target, dataset, args, device_type, devices, env=None):
     model = build_model(dataset, args, task_device, devices, padding)
     saver = v1.train.Saver(max_to_keep=2)
     if info is not None:
-        config = device_config(bootstrap.session_config(info))
+        config = device_config(sessions.session_config(info))
     else:
         config = device_config(v1.ConfigProto(allow_soft_placement=True))
-    manager = bootstrap.session_manager()
+    manager = sessions.session_manager()
     sess = manager.prepare_session(target, init_op=v1.global_variables_initializer(),
                                    saver=saver, checkpoint_dir=args.checkpoint_dir or None,
                                    config=config)
@@ -248,7 +248,7 @@ def train(info, target, dataset, args, device_type, devices, env=None):
               "tower_devices": model["devices"], "padding": padding,
               "batch_size": args.batch_size, "validation_accuracy": history,
               "tower_devices_observed": observed, "cost_time_s": round(cost_time, 3)}
-    if (info is None or info.is_chief) and bootstrap.save_checkpoint(
+    if (info is None or info.is_chief) and sessions.save_checkpoint(
             sess, saver, args.checkpoint_dir, step):
         extras["checkpoint_step"] = step
     # The result's loss and accuracy are on the test set, which training never saw.
@@ -274,8 +274,8 @@ def run(options, cluster=None, env=None):
         bootstrap.seed_everything(args.seed)
         target = ""
         if info is not None:
-            target = bootstrap.start_server(
-                info, device_config(bootstrap.session_config(info))).target
+            target = sessions.start_server(
+                info, device_config(sessions.session_config(info))).target
         return train(info, target, dataset, args, device_type, devices, env)
 
 

@@ -10,7 +10,7 @@ The result line reports `placement`, the device every variable was assigned, and
 step (from TensorFlow's step stats); --print_placement also logs them. With more ps tasks the
 layers go to ps tasks 0 and 1; with a single ps task both layers share it.
 """
-from trainers import bootstrap, data, loop, models
+from trainers import bootstrap, data, loop, models, sessions
 
 def build_parser():
     parser = bootstrap.trainer_parser(__doc__)
@@ -80,7 +80,7 @@ def placement(step_stats=None):
 
 def train(info, server, dataset, args):
     model = build_model(dataset, args, info)
-    sess, saver = bootstrap.graph_session(info, server, args.checkpoint_dir)
+    sess, saver = sessions.graph_session(info, server, args.checkpoint_dir)
     progress, evaluate = loop.train_replica(info, sess, saver, args, model, dataset,
                                             args.train_steps)
     # The first step ran traced: its step stats say which task ran each variable's ops.
@@ -92,7 +92,7 @@ def train(info, server, dataset, args):
     step = int(sess.run(model["global_step"]))
     extras = {"dataset": dataset.name, "layers": model["layers"], "placement": assigned,
               "placement_observed": observed}
-    if info.is_chief and bootstrap.save_checkpoint(sess, saver, args.checkpoint_dir, step):
+    if info.is_chief and sessions.save_checkpoint(sess, saver, args.checkpoint_dir, step):
         extras["checkpoint_step"] = step
     loss, accuracy = evaluate()
     bootstrap.log("After %d steps: test accuracy %.4f, test cross entropy %.4f (%.2fs)"
@@ -107,7 +107,7 @@ def run(options, cluster):
     args = bootstrap.options(build_parser(), options)
     if cluster.num_ps < 1:
         raise SystemExit("model_parallel needs ps tasks to hold the layers (2 by default)")
-    return bootstrap.run_between_graph(
+    return sessions.run_between_graph(
         cluster, lambda: data.load_images(args.dataset, args.data_dir),
         lambda info, server, dataset: train(info, server, dataset, args), seed=args.seed)
 

@@ -12,7 +12,7 @@ serve until stopped: TensorFlow has no remote shutdown).
 """
 import numpy as np
 
-from trainers import bootstrap, data, loop, models
+from trainers import bootstrap, data, loop, models, sessions
 
 PARTITIONERS = ("fixed", "min_size", "none")
 
@@ -146,7 +146,7 @@ def run(options, cluster):
     info = cluster
     if info.job in ("ps", "worker"):
         # Workers too only serve: the chief's coordinator sends them the functions to run.
-        bootstrap.serve_forever(start_server(info), info)
+        sessions.serve_forever(start_server(info), info)
         return None
     if info.job != "chief":
         raise SystemExit("ps_strategy tasks are chief, worker or ps, not %r" % info.job)
@@ -162,7 +162,7 @@ def run(options, cluster):
 def start_server(info):
     """A ps or worker task's server (thread counts only: the coordinator sets its own device
     filters)."""
-    return bootstrap.start_server(info, config=bootstrap.session_config(info, device_filters=False))
+    return sessions.start_server(info, config=sessions.session_config(info, device_filters=False))
 
 
 def main(argv, environ):
