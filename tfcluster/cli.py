@@ -177,7 +177,8 @@ def build_parser():
 
     p = sub.add_parser("deploy", help="provision the inventory's machines (ansible-playbook)")
     p.add_argument("-i", "--inventory", required=True)
-    p.add_argument("--playbook", choices=["deploy", "stop", "teardown", "validate"],
+    from tfcluster.deploy import PLAYBOOKS
+    p.add_argument("--playbook", choices=PLAYBOOKS,
                    default="deploy", help="which of tfcluster's playbooks (default: deploy)")
     p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS")
     p.add_argument("-l", "--limit", metavar="PATTERN")
@@ -310,11 +311,8 @@ def cmd_spec(args):
 
 def cmd_check(args):
     from tfcluster import spec
-    from tfcluster.inventory import load_slots
-    cluster = spec.build_cluster(load_slots(args.inventory))
-    if not cluster.tasks:
-        raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups"
-                         % args.inventory)
+    from tfcluster.inventory import load_hosts
+    cluster = spec.build_cluster(load_hosts(args.inventory))
     from tfcluster.preflight import check_hosts
     from tfcluster.report import PlainReporter
     check_hosts(cluster, PlainReporter())
@@ -323,13 +321,16 @@ def cmd_check(args):
 
 def cmd_gpus(args):
     from tfcluster import gpustable
-    from tfcluster.inventory import load_slots
-    return gpustable.show(load_slots(args.inventory), args.inventory, args.watch)
+    from tfcluster.inventory import load_hosts
+    return gpustable.show(load_hosts(args.inventory), args.watch)
 
 
 def cmd_sync(args):
     from tfcluster import sync
-    sync.sync(args.inventory, args.code)
+    try:
+        sync.sync(args.inventory, args.code)
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 

@@ -17,12 +17,6 @@ COLLECTION = os.path.join("ansible_collections", "tfcluster", "cluster")
 PLAYBOOKS = ("deploy", "stop", "teardown", "validate")
 
 
-def checkout_root():
-    """The folder holding the tfcluster package: a checkout's root for an editable install."""
-    import tfcluster
-    return os.path.dirname(os.path.dirname(os.path.abspath(tfcluster.__file__)))
-
-
 def find_content(search_path=None):
     """(collections dir, content root): the installed collection on SEARCH_PATH (default
     sys.path), else the checkout this tfcluster runs from (collections dir None)."""
@@ -30,7 +24,8 @@ def find_content(search_path=None):
         root = os.path.join(entry or os.getcwd(), COLLECTION)
         if os.path.isfile(os.path.join(root, "playbooks", "deploy.yml")):
             return os.path.abspath(entry or os.getcwd()), root
-    root = checkout_root()
+    from tfcluster.catalog import code_root
+    root = code_root()  # a checkout's root for an editable install
     if os.path.isfile(os.path.join(root, "playbooks", "deploy.yml")):
         return None, root
     raise UsageError("tfcluster's playbooks are not installed beside it (no %s on sys.path and "

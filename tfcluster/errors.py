@@ -1,6 +1,16 @@
 """Errors that carry data; only the CLI turns them into a message and an exit code."""
 
 
+class Problem(str):
+    """A preflight problem line. WAITABLE: `launch --wait` may wait for it to pass (claimed or
+    busy GPUs and ports); RACE: another run claimed a GPU between the preflight and the claim."""
+
+    def __new__(cls, text, waitable=False, race=False):
+        line = super().__new__(cls, text)
+        line.waitable, line.race = waitable, race
+        return line
+
+
 class TfclusterError(Exception):
     """A known failure: one line for the user, and the exit code that goes with it."""
 

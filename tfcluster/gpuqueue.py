@@ -55,7 +55,7 @@ def answers(hosts, machines, message, reports):
         for uuid, holder in taken:
             found.append(gpus.GpuProblem("%s: GPU %s is claimed by %s: %s" % (
                 machine.label, index.get(uuid, uuid), gpus.describe_claim(holder),
-                gpus.WAIT_HINT), True))
+                gpus.WAIT_HINT), waitable=True, race=True))
         if answer["ahead"]:
             found.append(gpus.GpuProblem("%s: %d run(s) wait for its GPUs before this one (%s): "
                                          "%s" % (machine.label, len(answer["ahead"]), ", ".join(
@@ -81,8 +81,7 @@ def failure(problems):
 
 def waitable(problem):
     """True for what passes by itself: claimed or busy GPUs, claimed or used ports."""
-    return getattr(problem, "waitable", False) or (
-        ": port(s) " in problem and ("claimed by" in problem or "already in use" in problem))
+    return getattr(problem, "waitable", False)
 
 
 def secure(launch, run_preflight, print_table):
@@ -91,8 +90,7 @@ def secure(launch, run_preflight, print_table):
     RUN_PREFLIGHT() gives (reports, problems). With --wait, what can pass by itself is waited
     for (said once, then again only when it changes), in the hosts' queues."""
     options = launch.options
-    share = getattr(options, "share_busy_gpus", False)
-    wait = getattr(options, "wait", False)
+    share, wait = options.share_busy_gpus, options.wait
     said = None
     try:
         lost_races = 0
@@ -106,7 +104,7 @@ def secure(launch, run_preflight, print_table):
                 assigned = gpus.assign(launch.cluster, reports, share)
                 problems = claim(launch.hosts, assigned, reports, launch.run_id, wait)
                 if problems and lost_races < RACE_RETRIES and all(
-                        " is claimed by " in p for p in problems):
+                        getattr(p, "race", False) for p in problems):
                     lost_races += 1  # another run took them since the preflight: look again
                     continue
             if not problems:
@@ -157,7 +155,10 @@ def stop_waiting(record, reporter, timeout=30):
             start_time(pid) == waiting.get("start")
 
     if alive():
-        os.kill(pid, signal.SIGTERM)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # it ended just now: the wait below sees it gone
         deadline = time.monotonic() + timeout
         while alive():
             if time.monotonic() > deadline:

@@ -9,6 +9,8 @@ claimed by another tfcluster run is never handed out (README "Shared GPU servers
 import dataclasses
 import re
 
+from tfcluster.errors import Problem
+
 TRAINING_JOBS = ("chief", "worker")
 GPU_LINE = re.compile(r"^GPU (\d+):")
 
@@ -33,13 +35,8 @@ def reported(reports, machine):
     return parse_gpu_list(report.gpus if report else None)
 
 
-class GpuProblem(str):
-    """A preflight problem line; WAITABLE when `launch --wait` may wait for it to pass."""
-
-    def __new__(cls, text, waitable=False):
-        line = super().__new__(cls, text)
-        line.waitable = waitable
-        return line
+class GpuProblem(Problem):
+    """A problem with a host's GPUs: the preflight error lists these one per line."""
 
 
 def facts(reports, machine):
@@ -49,27 +46,30 @@ def facts(reports, machine):
     return {gpu["index"]: gpu for gpu in found}
 
 
-HEALTH_SHORT = (("ecc_errors", "ECC errors: %s"), ("retired_pending", "retired pages pending"),
-                ("remap_failed", "row remapping failed"))
+# Each health counter: its key in the facts, a few words (the `tfcluster gpus` column) and the
+# preflight's reason (naming nvidia-smi's field); %d is the counter's value.
+HEALTH = (("ecc_errors", "ECC errors: %d",
+           "%d uncorrectable ECC error(s) (ecc.errors.uncorrected.volatile.total)"),
+          ("retired_pending", "retired pages pending",
+           "retired pages pending a reset (retired_pages.pending)"),
+          ("remap_failed", "row remapping failed", "row remapping failed (remapped_rows.failure)"))
+
+
+def _failing(gpu, column):
+    return [texts[column] % gpu[key] if "%" in texts[column] else texts[column]
+            for key, *texts in HEALTH if gpu.get(key)]
 
 
 def health_short(gpu):
     """"ok", or the failing counters in a few words (the `tfcluster gpus` column)."""
-    failing = [text % gpu[key] if "%" in text else text for key, text in HEALTH_SHORT
-               if gpu.get(key)]
+    failing = _failing(gpu, 0)
     return "FAILING: " + ", ".join(failing) if failing else "ok"
 
 
 def health_problem(gpu):
-    """Why GPU must not be used (its health counter), or None."""
-    if gpu.get("ecc_errors"):
-        return "%d uncorrectable ECC error(s) (ecc.errors.uncorrected.volatile.total)" % \
-            gpu["ecc_errors"]
-    if gpu.get("retired_pending"):
-        return "retired pages pending a reset (retired_pages.pending)"
-    if gpu.get("remap_failed"):
-        return "row remapping failed (remapped_rows.failure)"
-    return None
+    """Why GPU must not be used (its first failing health counter), or None."""
+    failing = _failing(gpu, 1)
+    return failing[0] if failing else None
 
 
 def describe_process(proc):

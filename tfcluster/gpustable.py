@@ -5,7 +5,6 @@ import sys
 import time
 
 from tfcluster import gpus
-from tfcluster.errors import UsageError
 from tfcluster.hosts import HostError, Hosts
 from tfcluster_agent import protocol as P
 
@@ -74,14 +73,11 @@ def render(table):
                      str(row[-1]) for row in [COLUMNS] + table)
 
 
-def show(slots, inventory, watch=None, out=None):
+def show(slots, watch=None, out=None):
     """Print the table (again every WATCH seconds, in place, until Ctrl-C); 1 when a host did
     not answer."""
     out = out or sys.stdout
     machines = machines_of(slots)
-    if not machines:
-        raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups"
-                         % inventory)
     hosts = Hosts(machines)
     try:
         while True:

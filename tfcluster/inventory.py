@@ -19,7 +19,6 @@ from tfcluster_agent import clusterspec
 JOBS = ("chief", "worker", "ps", "evaluator")
 DEFAULT_ROOT = "/opt/tfcluster"
 DEFAULT_PORT_BASE = 2222
-# A host name or IPv4 address TensorFlow can put in "host:port" (IPv6 goes in brackets).
 
 
 @dataclass(frozen=True)
@@ -107,6 +106,15 @@ def _parse_failure_reason(warnings):
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "tfcluster")
 # Templates whose value can change while the files do not: such inventories are read every time.
 VOLATILE = re.compile(rb"lookup\(|query\(|\bq\(|now\(|random|^\s*plugin\s*:", re.M)
+
+
+def load_hosts(path):
+    """load_slots(PATH), refused when it has no host in a job group (nothing to act on)."""
+    slots = load_slots(path)
+    if not slots:
+        raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups: "
+                         "add some" % path)
+    return slots
 
 
 def load_slots(path):

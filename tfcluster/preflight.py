@@ -1,9 +1,10 @@
 """Preflight: every machine checked in parallel, through its agent, before anything starts."""
+import functools
 import os
 
 from tfcluster import gpus
 from tfcluster.catalog import code_root
-from tfcluster.errors import PreflightError
+from tfcluster.errors import PreflightError, Problem
 from tfcluster.hosts import HostError, Hosts
 from tfcluster_agent import datafiles
 from tfcluster_agent import protocol as P
@@ -13,6 +14,7 @@ from tfcluster_agent.runmodel import PreflightReport
 IMPORT_SECONDS = 150
 
 
+@functools.lru_cache(maxsize=1)  # the controller's code does not change within a command
 def controller_code_hash():
     return P.code_hash(code_root())
 
@@ -61,13 +63,15 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
         holders = report.port_holders
         busy = [p for p, free in report.ports.items() if not free and p not in holders]
         if busy:
-            problems.append("%s: port(s) %s already in use: stop what uses them (`tfcluster stop`) "
-                            "or set tfcluster_port_base" % (machine.label, ", ".join(busy)))
+            problems.append(Problem("%s: port(s) %s already in use: stop what uses them "
+                                    "(`tfcluster stop`) or set tfcluster_port_base"
+                                    % (machine.label, ", ".join(busy)), waitable=True))
         if holders:
-            problems.append("%s: port(s) %s claimed by %s: wait for it, stop it (`tfcluster "
-                            "stop`) or set tfcluster_port_base" % (
-                                machine.label, ", ".join(holders),
-                                "; ".join(sorted(set(holders.values())))))
+            problems.append(Problem("%s: port(s) %s claimed by %s: wait for it, stop it "
+                                    "(`tfcluster stop`) or set tfcluster_port_base" % (
+                                        machine.label, ", ".join(holders),
+                                        "; ".join(sorted(set(holders.values())))),
+                                    waitable=True))
         for name, folder in data_needs.get(machine.key, []):
             absent = report.missing_data.get(folder)
             if absent:

@@ -281,7 +281,7 @@ def targets_of(slots, user_code):
     targets = {}
     for slot in slots:
         machine = slot.machine
-        folder = user_code or getattr(slot, "code_dir", None)
+        folder = user_code or slot.code_dir
         if folder:
             folder = os.path.abspath(os.path.expanduser(folder))
             if not os.path.isdir(folder):
@@ -301,11 +301,8 @@ def targets_of(slots, user_code):
 def sync(inventory, user_code=None, out=print):
     """`tfcluster sync`: every machine of INVENTORY up to date; PreflightError naming each
     machine that could not be, after trying them all."""
-    from tfcluster.inventory import load_slots
-    slots = load_slots(inventory)
-    if not slots:
-        raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups"
-                         % inventory)
+    from tfcluster.inventory import load_hosts
+    slots = load_hosts(inventory)
     targets = targets_of(slots, user_code)
     started = time.monotonic()
     root = code_root()
