@@ -137,21 +137,6 @@ def pid_alive(pid):
         return False
 
 
-def group_alive(pgid):
-    """True while a process of group PGID is alive (not a zombie its parent has yet to reap)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as handle:
-                fields = handle.read().split(")")[-1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
 def wait_for(condition, timeout, what, interval=0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

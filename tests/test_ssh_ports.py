@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from conftest import REPO, assert_run_clean, group_alive, run_record, tfcluster, wait_for
+from conftest import REPO, assert_run_clean, run_record, tfcluster, wait_for
+from tfcluster_agent.supervisor import has_live_member
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -131,4 +132,4 @@ def test_two_hosts_behind_one_address_on_two_ssh_ports(testhosts, tmp_path):
         # (a zombie its supervisor has not reaped yet is no process left running).
         for label, task in record["tasks"].items():
             assert task["pid"], label
-            wait_for(lambda: not group_alive(task["pid"]), 30, "%s's group to be gone" % label)
+            wait_for(lambda: not has_live_member(task["pid"]), 30, "%s's group to be gone" % label)

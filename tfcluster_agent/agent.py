@@ -207,7 +207,7 @@ class Agent:
         if not self.run_dir:  # this agent started nothing: there is nothing of ours to stop
             self.send(P.Stopped(tasks={}, busy_ports=[], remaining=[]))
             return
-        names = [n for n in (msg.names or list(self.tasks) or S.task_names(self.run_dir or ""))
+        names = [n for n in (msg.names or list(self.tasks) or S.task_names(self.run_dir))
                  if is_task_name(n)]
         result = {}
         import threading
@@ -221,9 +221,7 @@ class Agent:
                         task.supervisor.poll() is None and not os.path.exists(pid_file) and \
                         time.monotonic() < deadline:
                     time.sleep(0.02)
-                alive = S.task_state(self.run_dir, name)["alive"]
-                gone = S.kill_group(self.run_dir, name, msg.grace) if alive else True
-                result[name] = ("stopped" if gone else "still running") if alive else "not running"
+                result[name] = S.stop_task(self.run_dir, name, msg.grace)
             threads = [threading.Thread(target=stop_one, args=(n,)) for n in names]
             for thread in threads:
                 thread.start()

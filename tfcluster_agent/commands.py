@@ -16,11 +16,7 @@ def cmd_serve(args):
 def cmd_stop(args):
     """Stop every task of a run folder (playbooks/stop.yml); verified identities only."""
     names = [n for n in S.task_names(args.dir) if is_task_name(n)]
-    result = {}
-    for name in names:
-        alive = S.task_state(args.dir, name)["alive"]
-        gone = S.kill_group(args.dir, name, args.grace) if alive else True
-        result[name] = ("stopped" if gone else "still running") if alive else "not running"
+    result = {name: S.stop_task(args.dir, name, args.grace) for name in names}
     print(json.dumps({"tasks": result,
                       "remaining": [n for n in names if S.task_state(args.dir, n)["alive"]]}))
 

@@ -52,7 +52,7 @@ def start_time(pid):
     return _start_of(_stat(pid))
 
 
-def _has_live_member(pgid):
+def has_live_member(pgid):
     """True when a process that is not a zombie still belongs to process group PGID."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -60,6 +60,14 @@ def _has_live_member(pgid):
             if fields and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
                 return True
     return False
+
+
+def stop_task(run_dir, name, grace):
+    """Stop task NAME of RUN_DIR if it runs (TERM, then KILL after GRACE s): "stopped",
+    "still running" or "not running"."""
+    if not task_state(run_dir, name)["alive"]:
+        return "not running"
+    return "stopped" if kill_group(run_dir, name, grace) else "still running"
 
 
 def read_json(path):
@@ -107,7 +115,7 @@ def group_is_ours(record):
         return True
     # The leader is dead (or a zombie): the group is ours while a live member remains. Zombies
     # count for nothing: a parent that does not reap them would keep a dead group "alive".
-    return _has_live_member(pgid)
+    return has_live_member(pgid)
 
 
 def task_names(run_dir):
