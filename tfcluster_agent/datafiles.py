@@ -4,7 +4,6 @@ Standard library only: the agent checks them at preflight (a missing data set fa
 before anything starts), data.py loads them.
 """
 import os
-import shlex
 
 MNIST_FILES = {"train_x": "train-images-idx3-ubyte.gz", "train_y": "train-labels-idx1-ubyte.gz",
                "test_x": "t10k-images-idx3-ubyte.gz", "test_y": "t10k-labels-idx1-ubyte.gz"}
@@ -62,6 +61,7 @@ def needed(command, dataset):
     for MNIST may read Fashion-MNIST (--dataset=fashion_mnist), and a CIFAR-10 one too."""
     if not dataset:
         return None
+    import shlex
     try:
         argv = shlex.split(command)
     except ValueError:

@@ -17,7 +17,6 @@ or, with this file on its PYTHONPATH (tfcluster puts it there), `protocol.report
 `protocol.report_result(...)`.
 """
 import json
-import math
 import sys
 
 METRIC_PREFIX = "TFCLUSTER_METRIC "
@@ -35,7 +34,7 @@ def _clean(values):
             continue
         if hasattr(value, "item"):  # numpy scalars
             value = value.item()
-        if isinstance(value, float) and not math.isfinite(value):
+        if isinstance(value, float) and (value != value or abs(value) == float("inf")):
             value = None
         clean[str(key)] = value
     return clean
@@ -89,12 +88,24 @@ HASHED_SUFFIXES = (".py", ".yml", ".yaml", ".json", ".txt")
 HOST_PACKAGES = ("tfcluster_agent", "trainers")
 
 
+def sha256(data=b""):
+    """hashlib.sha256 without importing hashlib, which loads OpenSSL: 5 ms of every agent's
+    start, where one SSH session that starts Python costs about 60 ms."""
+    try:
+        from _sha256 import sha256 as new  # Python 3.11
+    except ImportError:
+        try:
+            from _sha2 import sha256 as new  # 3.12 and later
+        except ImportError:
+            from hashlib import sha256 as new
+    return new(data)
+
+
 def code_hash(code_root):
     """Content hash of the host code: relative paths and bytes of every source file of
     HOST_PACKAGES below CODE_ROOT."""
-    import hashlib
     import os
-    digest = hashlib.sha256()
+    digest = sha256()
     for package in HOST_PACKAGES:
         top = os.path.join(code_root, package)
         for root, dirs, files in os.walk(top):
@@ -105,7 +116,7 @@ def code_hash(code_root):
                 path = os.path.join(root, name)
                 rel = os.path.relpath(path, code_root).replace(os.sep, "/")
                 with open(path, "rb") as handle:
-                    digest.update(rel.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
+                    digest.update(rel.encode() + b"\0" + sha256(handle.read()).digest())
     return digest.hexdigest()
 
 
