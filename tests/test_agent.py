@@ -303,3 +303,29 @@ def test_code_hash_changes_with_content(tmp_path):
     assert second != first
     (tmp_path / "tfcluster_agent" / "agent.py").write_text("# the agent is host code too\n")
     assert P.code_hash(str(tmp_path)) != second
+
+
+def test_cached_code_hash_follows_every_change(tmp_path):
+    code, cache = tmp_path / "code", tmp_path / "cache"
+    for package in P.HOST_PACKAGES:
+        (code / package).mkdir(parents=True)
+    source = code / "trainers" / "a.py"
+    source.write_text("x = 1\n")
+    # Just written: not remembered (a change within the clock's tick could keep the times).
+    assert hostinfo.cached_code_hash(str(code), str(cache)) == P.code_hash(str(code))
+    assert not cache.exists()
+    first = hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0)
+    assert first == P.code_hash(str(code)) and len(list(cache.iterdir())) == 1
+    # A remembered hash is what the files hash to, and it is used: a forged entry is believed.
+    entry = next(cache.iterdir())
+    key, digest = entry.read_text().split()
+    entry.write_text("%s %s\n" % (key, "f" * 64))
+    assert hostinfo.cached_code_hash(str(code), str(cache)) == "f" * 64
+    # Same size, new bytes: the change time moves, the hash is computed again.
+    source.write_text("x = 2\n")
+    second = hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0)
+    assert second == P.code_hash(str(code)) != first
+    (code / "trainers" / "b.py").write_text("")
+    assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == P.code_hash(str(code)) != second
+    os.remove(code / "trainers" / "b.py")
+    assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == second

@@ -6,9 +6,10 @@ import fcntl
 import json
 import os
 import sys
+import time
 
 from tfcluster_agent import datafiles
-from tfcluster_agent.protocol import code_hash, sha256
+from tfcluster_agent.protocol import code_files, code_hash, sha256
 from tfcluster_agent.supervisor import boot_id, write_atomic
 
 
@@ -174,6 +175,37 @@ def python_report(python, cache_dir=None, import_seconds=120):
     return report
 
 
+def cached_code_hash(code_root, cache_dir, settle_ns=2 * 10**9):
+    """code_hash(CODE_ROOT), remembered in CACHE_DIR against each file's inode, size and change
+    times, so a preflight reads the files only after one changed. A file changed in the last
+    SETTLE_NS keeps it from being remembered: a change within the clock's tick could leave the
+    times as they were."""
+    files = code_files(code_root)
+    stats = [os.stat(path) for _, path in files]
+    key = sha256(repr([(rel, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                       for (rel, _), st in zip(files, stats)]).encode()).hexdigest()
+    cache_dir = os.path.expanduser(cache_dir)
+    # Per machine (a home may be shared): inodes are the machine's own.
+    cache = os.path.join(cache_dir, "code-%s" % sha256(
+        ("%s %s" % (boot_id(), os.path.realpath(code_root))).encode()).hexdigest()[:16])
+    try:
+        with open(cache) as handle:
+            saved_key, digest = handle.read().split()
+        if saved_key == key:
+            return digest
+    except (OSError, ValueError):
+        pass  # none yet, or damaged: computed again
+    digest = code_hash(code_root, files)
+    settled = time.time_ns() - settle_ns
+    if all(st.st_ctime_ns < settled and st.st_mtime_ns < settled for st in stats):
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            write_atomic(cache, "%s %s\n" % (key, digest))
+        except OSError:
+            pass  # no writable home: hashed again next time
+    return digest
+
+
 def program_found(program):
     """True when PROGRAM (a path, or a name looked up on PATH) is an executable file."""
     if os.sep in program:
@@ -207,7 +239,8 @@ def preflight_report(python, ports, code_dir, cache_dir=None, datasets=(), nvidi
         report["gpu_facts"] = {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}
     report.update(python_report(python, cache_dir))
     report["ports"] = {str(p): port_is_free(int(p)) for p in ports}
-    report["code_hash"] = code_hash(code_dir) if os.path.isdir(code_dir) else None
+    report["code_hash"] = (cached_code_hash(code_dir, cache_dir) if cache_dir else code_hash(code_dir)) \
+        if os.path.isdir(code_dir) else None
     report["gpus"] = []
     if gpu_query is not None:
         gpu_query.join()

@@ -101,22 +101,27 @@ def sha256(data=b""):
     return new(data)
 
 
-def code_hash(code_root):
-    """Content hash of the host code: relative paths and bytes of every source file of
-    HOST_PACKAGES below CODE_ROOT."""
+def code_files(code_root):
+    """(relative path, path) of every source file of HOST_PACKAGES below CODE_ROOT, in order."""
     import os
-    digest = sha256()
+    found = []
     for package in HOST_PACKAGES:
         top = os.path.join(code_root, package)
         for root, dirs, files in os.walk(top):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
-            for name in sorted(files):
-                if not name.endswith(HASHED_SUFFIXES):
-                    continue
-                path = os.path.join(root, name)
-                rel = os.path.relpath(path, code_root).replace(os.sep, "/")
-                with open(path, "rb") as handle:
-                    digest.update(rel.encode() + b"\0" + sha256(handle.read()).digest())
+            rel_root = package + root[len(top):].replace(os.sep, "/")
+            found += [(rel_root + "/" + name, os.path.join(root, name))
+                      for name in sorted(files) if name.endswith(HASHED_SUFFIXES)]
+    return found
+
+
+def code_hash(code_root, files=None):
+    """Content hash of the host code: relative paths and bytes of every source file of
+    HOST_PACKAGES below CODE_ROOT (FILES: code_files(CODE_ROOT), when already listed)."""
+    digest = sha256()
+    for rel, path in code_files(code_root) if files is None else files:
+        with open(path, "rb") as handle:
+            digest.update(rel.encode() + b"\0" + sha256(handle.read()).digest())
     return digest.hexdigest()
 
 
