@@ -1,4 +1,5 @@
 """Shared test helpers: a private local inventory, the CLI as a subprocess, leftover checks."""
+import fcntl
 import json
 import os
 import signal
@@ -135,6 +136,32 @@ def pid_alive(pid):
             return handle.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# Machine-wide resources of the suite, one pytest session (or scripts/bench) at a time.
+TESTHOSTS_LOCK = "/run/lock/tfc-testhosts.session.lock"
+DOCKERHOSTS_LOCK = "/run/lock/tfc-dockerhosts.session.lock"
+
+
+def hold_lock(path, timeout):
+    """A descriptor holding PATH's exclusive lock (closing it lets go); fails the test when
+    another session keeps it past TIMEOUT seconds."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def taken():
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+    try:
+        wait_for(taken, timeout, "the lock %s, held by another test session or bench" % path,
+                 interval=0.5)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def wait_for(condition, timeout, what, interval=0.1):

@@ -16,7 +16,7 @@ Use it from a test module with
 The fixture runs `scripts/testhosts up 3` once per session and ALWAYS runs
 `scripts/testhosts down` at teardown, even when up or a test failed. It skips
 (with the reason) when not root or when ip/sshd/ssh are missing. A lock file
-(/run/lock/tfc-testhosts.session.lock) serialises concurrent pytest sessions on
+(conftest.TESTHOSTS_LOCK) serialises concurrent pytest sessions on
 one machine; stale hosts from a crashed run are removed with `down` before `up`.
 
 `leftovers()` lists whatever testhosts left behind (tfc-* namespaces and links,
@@ -26,22 +26,21 @@ session hosts (if they are up) and brings them back afterwards.
 """
 
 import contextlib
-import fcntl
 import importlib.machinery
 import importlib.util
 import os
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
 import pytest
 
+from conftest import TESTHOSTS_LOCK, hold_lock
+
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 SCRIPT = REPO / "scripts" / "testhosts"
-SESSION_LOCK = Path("/run/lock/tfc-testhosts.session.lock")
 SESSION_HOSTS = 3
 OUTSIDER_ADDR = "10.231.0.200"  # HostSet.outsider(): far above the hosts' 10.231.0.11..30
 
@@ -93,22 +92,9 @@ def leftovers():
 # ---------------------------------------------------------------- session lock
 
 def _acquire_session_lock(timeout=600):
-    """Hold an exclusive lock for the rest of this pytest process (re-entrant)."""
-    if getattr(_REGISTRY, "lock_fd", None) is not None:
-        return
-    SESSION_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                pytest.fail(f"another pytest session holds {SESSION_LOCK} for {timeout}s")
-            time.sleep(0.5)  # polling another session's lock
-    _REGISTRY.lock_fd = fd
+    """Hold the test hosts' lock for the rest of this pytest process (re-entrant)."""
+    if getattr(_REGISTRY, "lock_fd", None) is None:
+        _REGISTRY.lock_fd = hold_lock(TESTHOSTS_LOCK, timeout)
 
 
 # ---------------------------------------------------------------- host set

@@ -31,7 +31,7 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 from ansible_run import Ansible, explain, task_statuses, tiny_dataset  # noqa: E402
-from conftest import pid_alive, run_record, tfcluster, wait_for  # noqa: E402
+from conftest import DOCKERHOSTS_LOCK, hold_lock, pid_alive, run_record, tfcluster, wait_for  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "scripts", "dockerhosts")
 ROOT = "/opt/tfcluster"
@@ -148,6 +148,9 @@ def dockerhosts(request):
         pytest.skip("dockerhosts needs %s: apt-get install docker.io debootstrap (make test "
                     "does)" % ", ".join(missing))
     reporter = request.config.pluginmanager.getplugin("terminalreporter")
+    # The containers are the machine's: one session (or scripts/bench) at a time.
+    lock = hold_lock(DOCKERHOSTS_LOCK, timeout=1800)
+    request.addfinalizer(lambda: os.close(lock))
     hosts = Hosts()
     hosts.timings = []
     hosts.found = firewall_and_sysctls()

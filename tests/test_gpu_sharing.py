@@ -301,7 +301,7 @@ def test_the_queue_is_first_come_first_served(fake_gpus):
     holder, first, second = (gpuclaims.GpuClaims() for _ in range(3))
     assert holder.claim(want, "holder")["taken"] == {}
     assert first.claim(want, "first", wait=True)["taken"][gpu_uuid]["run"] == "holder"
-    time.sleep(0.001)  # distinct tickets
+    # Tickets sort by time, then pid, then run name: "first" comes first even at one time.
     waiting = second.claim(want, "second", wait=True)
     assert [a["run"] for a in waiting["ahead"]] == ["first"]
     # Without --wait a run does not jump the queue either.
