@@ -7,6 +7,7 @@ import io
 import os
 import pickle
 import struct
+import subprocess
 import sys
 import tarfile
 import zipfile
@@ -437,3 +438,10 @@ def test_extract_without_the_tar_data_filter(tmp_path, monkeypatch, has_filter):
     with pytest.raises(TfclusterError):
         fetcher._extract(str(tmp_path / "bad.tar.gz"), str(tmp_path / "out2"))
     assert not (tmp_path / "escape").exists()
+
+
+def test_a_url_fetch_does_not_import_numpy():
+    # `tfcluster data fetch --url` starts faster without it; only a rebuild needs arrays.
+    probe = "import sys, tfcluster.data; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

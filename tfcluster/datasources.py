@@ -18,8 +18,7 @@ import tarfile
 import zipfile
 import zlib
 
-import numpy as np
-
+# numpy is imported where arrays are rebuilt: a fetch from a URL does not need it.
 from tfcluster.errors import TfclusterError
 
 # A mirror that does not answer costs at most this many seconds per try (pip: --timeout,
@@ -151,6 +150,7 @@ class _ArraysOnly(pickle.Unpickler):
     """Unpickles numpy arrays inside tuples and nothing else: no other class can be named."""
 
     def find_class(self, module, name):
+        import numpy as np
         if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name == "_reconstruct":
             core = getattr(np, "_core", None) or np.core
             return core.multiarray._reconstruct
@@ -164,6 +164,7 @@ class _ArraysOnly(pickle.Unpickler):
 
 def load_arrays_pickle(payload):
     """The (train, validation, test) tuple of (images, labels) arrays in mnist.pkl.gz bytes."""
+    import numpy as np
     try:
         parts = _ArraysOnly(io.BytesIO(gzip.decompress(payload)), encoding="latin1").load()
         ok = (isinstance(parts, tuple) and len(parts) == 3
@@ -180,6 +181,7 @@ def load_arrays_pickle(payload):
 def pixels_from_floats(images):
     """The uint8 pixels behind mnist.pkl.gz's floats, which are pixel / 256 (0 .. 255/256):
     every float32 of that form is exact, so x * 256 gives the original byte back exactly."""
+    import numpy as np
     scaled = np.asarray(images, dtype=np.float32) * np.float32(256.0)   # exact: a power of two
     if scaled.min() < 0 or scaled.max() > 255 or not np.array_equal(scaled, np.rint(scaled)):
         raise TfclusterError("mnist.pkl.gz's pixels are not multiples of 1/256 in [0, 1): "
@@ -188,13 +190,13 @@ def pixels_from_floats(images):
 
 
 def idx_images(pixels, side=28):
-    return struct.pack(">IIII", 2051, len(pixels), side, side) + pixels.astype(np.uint8).tobytes()
+    return struct.pack(">IIII", 2051, len(pixels), side, side) + pixels.astype("uint8").tobytes()
 
 
 def idx_labels(labels):
     if len(labels) and (labels.min() < 0 or labels.max() > 9):
         raise TfclusterError("labels outside 0..9: not an MNIST-style data set")
-    return struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes()
+    return struct.pack(">II", 2049, len(labels)) + labels.astype("uint8").tobytes()
 
 
 def gzip_file(raw):
@@ -206,6 +208,7 @@ def mnist_idx_from_pickle(payload, names):
     """The four IDX gz files (NAMES: train_x, train_y, test_x, test_y -> file name) from
     mnist.pkl.gz: its training 50,000 then validation 10,000 are MNIST's 60,000 training images
     in their original order, its test set the 10,000 test images."""
+    import numpy as np
     (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = load_arrays_pickle(payload)
     arrays = {"train_x": idx_images(pixels_from_floats(np.concatenate([train_x, valid_x]))),
               "train_y": idx_labels(np.concatenate([train_y, valid_y])),
