@@ -658,11 +658,11 @@ def test_gpus_table_and_watch(fake_gpus, tmp_path):
         assert table_rows(proc.stdout) == [
             ["localhost", "0", "NVIDIA A100-SXM4-80GB", "1/81920", "0%", "ok", "free"],
             ["localhost", "1", "NVIDIA A100-SXM4-80GB", "2049/81920", "0%", "ok",
-             "pid %d %s sleep 600" % (pid, gpuclaims.user_name())],
+             "pid %d (user %s: sleep 600), 2048 MiB" % (pid, gpuclaims.user_name())],
             ["localhost", "2", "NVIDIA A100-SXM4-80GB", "1/81920", "55%",
              "FAILING: retired pages pending", "free"],
             ["localhost", "3", "NVIDIA A100-SXM4-80GB", "1/81920", "0%", "ok",
-             "run 20261125-demo task worker-1 (user %s)" % gpuclaims.user_name()]]
+             "run 20261125-demo (user %s, task worker-1)" % gpuclaims.user_name()]]
         watch = subprocess.Popen([sys.executable, "-m", "tfcluster", "gpus", "-i",
                                   inventory(tmp_path), "--watch", "0.2"], cwd=REPO,
                                  stdout=subprocess.PIPE, text=True)
@@ -722,7 +722,7 @@ def test_gpus_table_on_the_test_hosts(testhosts, tmp_path):
     assert table_rows(proc.stdout) == [
         [addresses[first], "0", "NVIDIA A100-SXM4-80GB", "1/81920", "0%", "ok", "free"],
         [addresses[first], "1", "NVIDIA A100-SXM4-80GB", "4097/81920", "0%", "ok",
-         "pid %d root sleep 600" % pid],
+         "pid %d (user root: sleep 600), 4096 MiB" % pid],
         [addresses[second], "0", "NVIDIA A100-SXM4-80GB", "1/81920", "0%",
          "FAILING: ECC errors: 7", "free"],
         [addresses[third], "-", "no GPU (nvidia-smi did not answer)"]], proc.stdout

@@ -31,17 +31,13 @@ def query(hosts, machines):
 
 
 def holder(gpu, machine):
+    """Who holds GPU, in the preflight's words (gpus.describe_claim, gpus.describe_process)."""
     if gpu.get("claim"):
-        claim = gpu["claim"]
-        return "run %s %s(user %s)" % (claim.get("run", "?"),
-                                       "task %s " % claim["task"] if claim.get("task") else "",
-                                       claim.get("user", "?"))
+        return gpus.describe_claim(gpu["claim"])
     if gpu.get("processes"):
-        return "; ".join("pid %d %s %s" % (p["pid"], p.get("user") or "?",
-                                           p.get("command") or "(not visible here)")
-                         for p in gpu["processes"])
+        return "; ".join(gpus.describe_process(p) for p in gpu["processes"])
     if (gpu.get("memory_used") or 0) > machine.gpu_busy_mib:
-        return "a process not visible here (%d MiB)" % gpu["memory_used"]
+        return "a process nvidia-smi does not show (%d MiB)" % gpu["memory_used"]
     return "free"
 
 
