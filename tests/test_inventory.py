@@ -219,3 +219,21 @@ def test_sample_data_network_example_works_uncommented(tmp_path):
     assert worker3.address == "gpu03-ib.cluster.example.com:2222"
     with open(os.path.join(REPO, "README.md")) as handle:
         assert "| `tfcluster_address` |" in handle.read()
+
+
+def test_the_inventory_cache_keeps_only_the_newest(tmp_path, monkeypatch):
+    import os
+    from tfcluster import inventory as inventory_module
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setattr(inventory_module, "CACHE_DIR", str(cache))
+    for i in range(105):  # older than anything written now
+        old = cache / ("inventory-old%03d.pickle" % i)
+        old.write_bytes(b"")
+        os.utime(old, (1000 + i, 1000 + i))
+    inventory = write(tmp_path, "hosts.yml", "worker:\n  hosts:\n    w1: {ansible_host: 10.0.0.1}\n")
+    assert [s.name for s in load_slots(inventory)] == ["w1"]
+    kept = sorted(p.name for p in cache.iterdir())
+    assert len(kept) == 100 and "inventory-old000.pickle" not in kept
+    assert "inventory-old104.pickle" in kept and any("old" not in name for name in kept)
+    assert [s.name for s in load_slots(inventory)] == ["w1"]  # from the cache it kept

@@ -141,7 +141,20 @@ def load_slots(path):
             os.replace(tmp, cache)
         except OSError:
             pass  # no cache, no harm
+        _prune_cache()
     return slots
+
+
+def _prune_cache(keep=100):
+    """Only the KEEP newest cached inventories stay: each edit of an inventory writes another."""
+    try:
+        paths = [os.path.join(CACHE_DIR, name) for name in os.listdir(CACHE_DIR)
+                 if name.startswith("inventory-") and name.endswith(".pickle")]
+        if len(paths) > keep:
+            for path in sorted(paths, key=os.path.getmtime)[:-keep]:
+                os.remove(path)
+    except OSError:
+        pass  # another launch pruned first: it is its job then
 
 
 def _inventory_files(path):
