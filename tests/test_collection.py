@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from installed_wheel import build_wheel, install_wheel, run_installed
 from tfcluster import cli, deploy
 
 COLLECTION = "ansible_collections/tfcluster/cluster/"
@@ -123,48 +124,20 @@ def test_deploy_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    """The wheel, built from this checkout as `pip wheel` does (isolated build)."""
-    out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                           str(out), REPO], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    # The metadata is current: no setuptools deprecation notice.
-    assert "eprecat" not in proc.stdout + proc.stderr, proc.stderr
-    (path,) = glob.glob(str(out / "tfcluster-*.whl"))
-    return path
+    return build_wheel(str(tmp_path_factory.mktemp("wheel")))
 
 
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory):
-    """A venv outside the checkout with the wheel installed, and a folder to run it in.
-
-    The wheel goes in with --no-deps; its dependencies (ansible-core, TensorFlow...) are read
-    from this test's own venv through a .pth line, which adds the folder without running its
-    .pth files, so the checkout's editable tfcluster stays out: what runs is the wheel's."""
-    base = tmp_path_factory.mktemp("installed")
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = str(venv / "bin" / "python")
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    deps = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
-    with open(os.path.join(site, "zz-test-dependencies.pth"), "w") as handle:
-        handle.write("\n".join(deps) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                           site, wheel], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    work = base / "work"
-    work.mkdir()
-    (work / "hosts.yml").write_text(HARMLESS_INVENTORY)
-    return python, site, str(work)
+    python, site, work = install_wheel(wheel, tmp_path_factory.mktemp("installed"))
+    with open(os.path.join(work, "hosts.yml"), "w") as handle:
+        handle.write(HARMLESS_INVENTORY)
+    return python, site, work
 
 
 def in_installed(installed, *argv, timeout=300):
     python, _, work = installed
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(ANSIBLE_NOCOLOR="1", PYTHONPATH="", PWD=work)  # as a shell sets PWD
-    return subprocess.run([python, *argv], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    return run_installed(python, work, *argv, timeout=timeout)
 
 
 @pytest.mark.slow
