@@ -30,7 +30,8 @@ REPO = os.path.dirname(TESTS)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from ansible_run import Ansible, explain, task_statuses, tiny_dataset  # noqa: E402
+from ansible_run import RECAP, Ansible, explain, task_statuses, tiny_dataset  # noqa: E402
+from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
 from conftest import DOCKERHOSTS_LOCK, hold_lock, pid_alive, run_record, tfcluster, wait_for  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "scripts", "dockerhosts")
@@ -304,6 +305,36 @@ def test_trainer_code_hash_matches(deployed):
         recorded, computed, pyc = out.stdout.split()
         assert recorded == computed == expected, name
         assert pyc == "0", "%s: compiled files were shipped" % name
+
+
+@on_containers
+def test_the_installed_wheel_deploys_the_containers(deployed, tmp_path):
+    """As a user who ran `pip install tfcluster`: outside the checkout, `tfcluster deploy` and
+    `ansible-playbook tfcluster.cluster.deploy` run the wheel's collection on the containers."""
+    hosts, ansible, _ = deployed
+    wheel = build_wheel(str(tmp_path))
+    python, _, work = install_wheel(wheel, str(tmp_path / "installed"))
+    # The user's folder: their inventory (keys by absolute path) and the wheelhouse.
+    keys = os.path.join(REPO, "deploy", "compose", "keys") + "/"
+    with open(dh.INVENTORY) as handle:
+        text = handle.read().replace("deploy/compose/keys/", keys)
+    with open(os.path.join(work, "hosts.yml"), "w") as handle:
+        handle.write(text)
+    os.symlink(os.path.join(REPO, "wheelhouse"), os.path.join(work, "wheelhouse"))
+    options = ["-i", "hosts.yml", "-e", "@" + ansible.extra_vars_file,
+               "-e", "tensorflow_install_mode=offline"]
+    env = {"ANSIBLE_SSH_CONTROL_PATH_DIR": ansible.control_dir}
+    for argv in (["-m", "tfcluster", "deploy"] + options,
+                 ["-m", "ansible", "playbook", "tfcluster.cluster.deploy"] + options):
+        started = time.monotonic()
+        proc = run_installed(python, work, *argv, timeout=900, env=env)
+        hosts.timings.append(("deploy from the wheel: " + argv[1], time.monotonic() - started))
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        # Which copy of the collection a bare ansible-playbook finds: tests/test_collection.py.
+        assert argv[1] != "tfcluster" or "tfcluster: ansible-playbook tfcluster.cluster.deploy" \
+            in proc.stdout, proc.stdout[-2000:]
+        recap = {m.group(1): int(m.group(3)) for m in RECAP.finditer(proc.stdout)}
+        assert recap == {name: 0 for name in hosts.names}, proc.stdout[-4000:]
 
 
 @on_containers
