@@ -240,16 +240,78 @@ def test_first_deploy_provisions_bare_containers(deployed):
         assert "tfcluster:" not in hosts.before[name]
 
 
+def stamp_report(proc):
+    """{machine: what deploy.yml's stamp check decided}, from its report task."""
+    text = proc.stdout.split("TASK [Report which machines are provisioned]", 1)[1]
+    return dict(re.findall(r'^\s+"(\S+): (.*?)",?$', text.split("\nPLAY ", 1)[0], re.M))
+
+
+FAST = "as its deploy stamp says, not provisioned again"
+STAMP = ROOT + "/.deploy-stamp.json"
+
+
+def assert_unchanged(hosts, proc, names):
+    for name in names:
+        assert proc.recap[name]["changed"] == 0, "%s changed on a deploy:\n%s" % (
+            name, "\n".join(line for line in proc.stdout.splitlines()
+                            if line.startswith("changed:")) or explain(proc))
+
+
+def assert_fast_path(hosts, proc):
+    """Every machine skipped the provisioning play and was verified."""
+    assert stamp_report(proc) == {name: FAST for name in hosts.names}, explain(proc)
+    provision = proc.stdout.split("PLAY [Provision each tfcluster machine once]", 1)[1]
+    assert provision.lstrip("* \n").startswith("skipping: no hosts matched"), explain(proc)
+    statuses = task_statuses(proc.stdout)
+    for name in hosts.names:
+        assert statuses[("Ensure TensorFlow and the trainer code are as deployed", name)] == "ok"
+
+
 @on_containers
 def test_second_deploy_changes_nothing(deployed):
     hosts, ansible, _ = deployed
     second = ansible.run("deploy.yml", "-e", "tensorflow_install_mode=offline",
                          label="second deploy")
     assert second.returncode == 0, explain(second)
+    assert_unchanged(hosts, second, hosts.names)
+    # The first deploy left a stamp on each machine: nothing changed, so nothing is provisioned.
+    assert_fast_path(hosts, second)
     for name in hosts.names:
-        assert second.recap[name]["changed"] == 0, "%s changed on a second deploy:\n%s" % (
-            name, "\n".join(line for line in second.stdout.splitlines()
-                            if line.startswith("changed:")) or explain(second))
+        mode = hosts.ssh(name, "stat -c '%%a %%U' %s" % STAMP)
+        assert mode.stdout.split() == ["600", "root"], (name, mode.stdout, mode.stderr)
+
+
+@on_containers
+def test_drift_on_one_machine_is_repaired_there_only(deployed):
+    hosts, ansible, _ = deployed
+    # What a user or a package upgrade might do on worker1: the fence's table flushed, its
+    # ruleset file and a trainer file chmodded, a data file deleted.
+    drift = ("nft delete table inet tfcluster && chmod 600 /etc/tfcluster-firewall.nft && "
+             "chmod 700 {0}/trainers/loop.py && rm {0}/data/tiny/tiny.txt".format(ROOT))
+    assert hosts.ssh("worker1", drift).returncode == 0
+    repair = ansible.run("deploy.yml", "-e", "tensorflow_install_mode=offline",
+                         label="deploy after a drift on worker1")
+    assert repair.returncode == 0, explain(repair)
+    report = stamp_report(repair)
+    assert report["ps1"] == report["worker2"] == FAST, report
+    assert report["worker1"].startswith("provisioned: changed since the last deploy: "), report
+    for path in ("/etc/tfcluster-firewall.nft", "loop.py", "tiny.txt", "list table inet tfcluster"):
+        assert path in report["worker1"], report
+    assert repair.recap["worker1"]["changed"] > 0, explain(repair)
+    assert_unchanged(hosts, repair, ["ps1", "worker2"])
+    statuses = task_statuses(repair.stdout)
+    assert ("common : Ensure the tfcluster folders exist", "ps1") not in statuses
+    assert statuses[("common : Ensure the tfcluster folders exist", "worker1")] == "ok"
+    fixed = hosts.ssh("worker1", "stat -c %a /etc/tfcluster-firewall.nft {0}/trainers/loop.py && "
+                                 "cat {0}/data/tiny/tiny.txt && nft list table inet tfcluster "
+                                 ">/dev/null".format(ROOT))
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stdout.split("\n")[:3] == ["644", "644", "tiny data set"], fixed.stdout
+    again = ansible.run("deploy.yml", "-e", "tensorflow_install_mode=offline",
+                        label="deploy after the repair")
+    assert again.returncode == 0, explain(again)
+    assert_unchanged(hosts, again, hosts.names)
+    assert_fast_path(hosts, again)
 
 
 @on_containers
@@ -268,6 +330,9 @@ def test_check_mode_runs_the_gpu_roles_without_failing(deployed):
         statuses = task_statuses(check.stdout)
         assert set(check.recap) == {"worker1"}, explain(check)
         assert check.recap["worker1"]["failed"] == 0, explain(check)
+        # Other variables (-e) than the stamp's: worker1 is checked in full, its stamp kept.
+        assert stamp_report(check) == {"worker1": "provisioned: the deploy's inputs changed "
+                                       "(roles, playbooks, variables, trainer code or wheels)"}
         for task in ("nvidia_driver : Ensure the kernel headers of the running kernel are installed",
                      "nvidia_driver : Ensure NVIDIA's repository key is installed",
                      "nvidia_driver : Ensure NVIDIA's repository is an apt source",
@@ -285,6 +350,7 @@ def test_check_mode_runs_the_gpu_roles_without_failing(deployed):
                                     "&& cd /etc/apt/sources.list.d && ! test -e nvidia-cuda.sources "
                                     "&& ! test -e tfcluster-debian-extra.sources" % stale)
         assert left.returncode == 0, "the --check run changed worker1: " + left.stdout
+        assert hosts.ssh("worker1", "test -e " + STAMP).returncode == 0, "--check removed the stamp"
     finally:
         hosts.ssh("worker1", "rm -f %s" % stale)
 
