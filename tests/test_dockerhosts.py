@@ -390,7 +390,9 @@ def test_the_installed_wheel_deploys_the_containers(deployed, tmp_path):
     options = ["-i", "hosts.yml", "-e", "@" + ansible.extra_vars_file,
                "-e", "tensorflow_install_mode=offline"]
     env = {"ANSIBLE_SSH_CONTROL_PATH_DIR": ansible.control_dir}
-    for argv in (["-m", "tfcluster", "deploy"] + options,
+    # In full from the wheel's roles first; then its deploy stamps, written by the checkout's
+    # copy of the same content, let ansible-playbook find every container as deployed.
+    for argv in (["-m", "tfcluster", "deploy"] + options + ["-e", "tfcluster_deploy_full=true"],
                  ["-m", "ansible", "playbook", "tfcluster.cluster.deploy"] + options):
         started = time.monotonic()
         proc = run_installed(python, work, *argv, timeout=900, env=env)
@@ -401,6 +403,8 @@ def test_the_installed_wheel_deploys_the_containers(deployed, tmp_path):
             in proc.stdout, proc.stdout[-2000:]
         recap = {m.group(1): int(m.group(3)) for m in RECAP.finditer(proc.stdout)}
         assert recap == {name: 0 for name in hosts.names}, proc.stdout[-4000:]
+    assert all("%s: as its deploy stamp says" % name in proc.stdout for name in hosts.names), \
+        proc.stdout[-4000:]
 
 
 @on_containers
