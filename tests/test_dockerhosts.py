@@ -180,7 +180,10 @@ def deployed(dockerhosts, tmp_path_factory, request):
     wheelhouse = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "wheelhouse")],
                                 cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
-    hosts.timings.append(("scripts/wheelhouse", time.monotonic() - started))
+    hosts.timings.append(("scripts/wheelhouse (and its pack)", time.monotonic() - started))
+    # The hosts' Python is the controller's /usr/bin/python3 (both Debian 12): the deploy
+    # unpacks the packed venv instead of running pip.
+    assert os.path.isfile(os.path.join(REPO, "wheelhouse", "venv-pack.json")), wheelhouse.stdout[-3000:]
     # The deployed code is a snapshot: other edits of trainers/ cannot change it mid-test.
     trainers = os.path.join(work, "code")
     for package in ("tfcluster_agent", "trainers"):
@@ -234,6 +237,33 @@ def test_first_deploy_provisions_bare_containers(deployed):
                               "downloaded from the second mirror", TF_VERSION + " 0"], out.stdout
         # Deploy created the service user and group: the bare container had neither.
         assert "tfcluster:" not in hosts.before[name]
+
+
+@on_containers
+def test_first_deploy_unpacked_the_packed_venv(deployed):
+    """The venv came from scripts/wheelhouse's pack: no wheelhouse, no pip; its scripts name the
+    host's venv, tf-keras imports, nothing is left of the unpacking."""
+    hosts, _, first = deployed
+    statuses = task_statuses(first.stdout)
+    for name in hosts.names:
+        assert statuses.get(("tensorflow : Ensure the packed environment is unpacked into the venv",
+                             name)) == "changed", explain(first)
+        assert statuses.get(("tensorflow : Ensure the packages are installed in the venv", name)) in (
+            None, "skipping"), explain(first)
+        out = hosts.ssh(name, "cd {0} && ls -A; echo --; head -qn1 venv/bin/pip venv/bin/tflite_convert"
+                              "; echo --; grep -l venv-pack venv/bin/* venv/pyvenv.cfg; echo --; "
+                              "grep -o '\"pack\": \"[0-9a-f]*\"' venv/tfcluster-installed; echo --; "
+                              "venv/bin/pip --version && TF_CPP_MIN_LOG_LEVEL=3 venv/bin/python -c "
+                              "'import tf_keras; print(tf_keras.__version__)'".format(ROOT))
+        assert out.returncode == 0, "%s: %s %s" % (name, out.stdout, out.stderr[-2000:])
+        entries, shebangs, unrewritten, record, tools = [
+            part.split() for part in out.stdout.split("--\n")]
+        # No wheelhouse was pushed; no venv.new, venv.old or pushed archive is left.
+        assert "wheelhouse" not in entries and "venv" in entries, entries
+        assert not [e for e in entries if e.startswith("venv.")], entries
+        assert shebangs == ["#!%s/venv/bin/python3" % ROOT, "#!%s/venv/bin/python" % ROOT], shebangs
+        assert unrewritten == [] and len(record) == 2, (unrewritten, record)
+        assert "%s/venv/lib/python3.11/site-packages/pip" % ROOT in tools and tools[-1] == TF_VERSION, tools
 
 
 @on_containers
