@@ -2,8 +2,8 @@
 
 The session fixture `dockerhosts` runs `scripts/dockerhosts up 3` (a private Docker engine; the
 debootstrap base image comes from /var/cache/tfcluster after the first run) and ALWAYS runs
-`down` at the end. The fixture `deployed` builds the wheelhouse and runs a first offline deploy
-(the containers reach no package index). Tests run in file order against it: what the deploy
+`down` at the end. The fixture `deployed` builds the wheelhouse and its packed venv and runs a first offline deploy
+(the containers reach no package index), which unpacks the pack. Tests run in file order against it: what the deploy
 put there (venv, TensorFlow, data, fence), a second deploy changes nothing, a --check run of the
 GPU path, the trainer code hash, mnist_replica across the containers through the fence,
 stop.yml stops what a detached launch left, teardown.yml leaves the packages, users, groups and
@@ -202,7 +202,8 @@ def deployed(dockerhosts, tmp_path_factory, request):
                                    "http://%s:%s" % (dh.GATEWAY, port))
     extra = os.path.join(work, "extra-vars.json")
     with open(extra, "w") as handle:
-        # No byte-compiling: about 70 s less for three installs sharing two cores.
+        # No byte-compiling should pip run (a host the pack does not match): about 70 s less for
+        # three installs sharing two cores. The pack the hosts get is byte-compiled.
         json.dump({"tensorflow_pip_compile": False, "trainers_src": trainers,
                    "datasets_names": ["tiny"], "datasets_manifest": manifest,
                    "datasets_cache_dir": cache}, handle)
