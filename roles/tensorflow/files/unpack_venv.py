@@ -7,7 +7,7 @@ unpacks ARCHIVE (tar.gz) into a fresh VENV.new beside VENV, rewrites the build f
 (BUILD_PREFIX) to VENV in the venv's scripts (bin/: shebangs, activate) and pyvenv.cfg, writes
 RECORD to VENV/tfcluster-installed, then swaps VENV.new in: an interrupted run leaves the old venv
 or none, never half of one (the next deploy finds no record and installs again). ARCHIVE is
-removed at the end. Python's zlib inflates about 1.6 times as fast as gzip(1), so this process
+removed as soon as it is open. Python's zlib inflates about 1.6 times as fast as gzip(1), so this process
 inflates and tar(1) writes the files beside it. Standard library only.
 """
 import os
@@ -21,6 +21,9 @@ def unpack(archive, folder):
     tar = subprocess.Popen(["tar", "-x", "-f", "-", "-C", folder], stdin=subprocess.PIPE)
     inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
     with open(archive, "rb") as source:
+        # Gone from the folder at once (it stays readable here): pages never written back to
+        # disk, and an interrupted run leaves no 400 MB behind.
+        os.remove(archive)
         for chunk in iter(lambda: source.read(1 << 20), b""):
             while chunk:
                 tar.stdin.write(inflater.decompress(chunk))
@@ -65,7 +68,6 @@ def main(archive, venv, prefix, record):
         os.rename(venv, previous)
     os.rename(fresh, venv)
     shutil.rmtree(previous, ignore_errors=True)
-    os.remove(archive)
 
 
 if __name__ == "__main__":
