@@ -2,8 +2,8 @@
 
 The session fixture `dockerhosts` runs `scripts/dockerhosts up 3` (a private Docker engine; the
 debootstrap base image comes from /var/cache/tfcluster after the first run) and ALWAYS runs
-`down` at the end. The fixture `deployed` builds the wheelhouse and runs a first offline deploy
-(the containers reach no package index). Tests run in file order against it: what the deploy
+`down` at the end. The fixture `deployed` builds the wheelhouse and its packed venv and runs a first offline deploy
+(the containers reach no package index), which unpacks the pack. Tests run in file order against it: what the deploy
 put there (venv, TensorFlow, data, fence), a second deploy changes nothing, a --check run of the
 GPU path, the trainer code hash, mnist_replica across the containers through the fence,
 stop.yml stops what a detached launch left, teardown.yml leaves the packages, users, groups and
@@ -184,7 +184,10 @@ def deployed(dockerhosts, tmp_path_factory, request):
     wheelhouse = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "wheelhouse")],
                                 cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
-    hosts.timings.append(("scripts/wheelhouse", time.monotonic() - started))
+    hosts.timings.append(("scripts/wheelhouse (and its pack)", time.monotonic() - started))
+    # The hosts' Python is the controller's /usr/bin/python3 (both Debian 12): the deploy
+    # unpacks the packed venv instead of running pip.
+    assert os.path.isfile(os.path.join(REPO, "wheelhouse", "venv-pack.json")), wheelhouse.stdout[-3000:]
     # The deployed code is a snapshot: other edits of trainers/ cannot change it mid-test.
     trainers = os.path.join(work, "code")
     for package in ("tfcluster_agent", "trainers"):
@@ -203,7 +206,8 @@ def deployed(dockerhosts, tmp_path_factory, request):
                                    "http://%s:%s" % (dh.GATEWAY, port))
     extra = os.path.join(work, "extra-vars.json")
     with open(extra, "w") as handle:
-        # No byte-compiling: about 70 s less for three installs sharing two cores.
+        # No byte-compiling should pip run (a host the pack does not match): about 70 s less for
+        # three installs sharing two cores. The pack the hosts get is byte-compiled.
         json.dump({"tensorflow_pip_compile": False, "trainers_src": trainers,
                    "datasets_names": ["tiny"], "datasets_manifest": manifest,
                    "datasets_cache_dir": cache}, handle)
@@ -265,6 +269,33 @@ def assert_fast_path(hosts, proc):
     statuses = task_statuses(proc.stdout)
     for name in hosts.names:
         assert statuses[("Ensure TensorFlow and the trainer code are as deployed", name)] == "ok"
+
+
+@on_containers
+def test_first_deploy_unpacked_the_packed_venv(deployed):
+    """The venv came from scripts/wheelhouse's pack: no wheelhouse, no pip; its scripts name the
+    host's venv, tf-keras imports, nothing is left of the unpacking."""
+    hosts, _, first = deployed
+    statuses = task_statuses(first.stdout)
+    for name in hosts.names:
+        assert statuses.get(("tensorflow : Ensure the packed environment is unpacked into the venv",
+                             name)) == "changed", explain(first)
+        assert statuses.get(("tensorflow : Ensure the packages are installed in the venv", name)) in (
+            None, "skipping"), explain(first)
+        out = hosts.ssh(name, "cd {0} && ls -A; echo --; head -qn1 venv/bin/pip venv/bin/tflite_convert"
+                              "; echo --; grep -l venv-pack venv/bin/* venv/pyvenv.cfg; echo --; "
+                              "grep -o '\"pack\": \"[0-9a-f]*\"' venv/tfcluster-installed; echo --; "
+                              "venv/bin/pip --version && TF_CPP_MIN_LOG_LEVEL=3 venv/bin/python -c "
+                              "'import tf_keras; print(tf_keras.__version__)'".format(ROOT))
+        assert out.returncode == 0, "%s: %s %s" % (name, out.stdout, out.stderr[-2000:])
+        entries, shebangs, unrewritten, record, tools = [
+            part.split() for part in out.stdout.split("--\n")]
+        # No wheelhouse was pushed; no venv.new, venv.old or pushed archive is left.
+        assert "wheelhouse" not in entries and "venv" in entries, entries
+        assert not [e for e in entries if e.startswith("venv.")], entries
+        assert shebangs == ["#!%s/venv/bin/python3" % ROOT, "#!%s/venv/bin/python" % ROOT], shebangs
+        assert unrewritten == [] and len(record) == 2, (unrewritten, record)
+        assert "%s/venv/lib/python3.11/site-packages/pip" % ROOT in tools and tools[-1] == TF_VERSION, tools
 
 
 @on_containers
