@@ -421,8 +421,8 @@ def test_the_installed_wheel_deploys_the_containers(deployed, tmp_path):
     options = ["-i", "hosts.yml", "-e", "@" + ansible.extra_vars_file,
                "-e", "tensorflow_install_mode=offline"]
     env = {"ANSIBLE_SSH_CONTROL_PATH_DIR": ansible.control_dir}
-    # In full from the wheel's roles first; then its deploy stamps, written by the checkout's
-    # copy of the same content, let ansible-playbook find every container as deployed.
+    # Both provision every container with the wheel's roles: the first asked to, the second
+    # because a bare ansible-playbook reads no ansible.cfg, an input of the deploy stamp.
     for argv in (["-m", "tfcluster", "deploy"] + options + ["-e", "tfcluster_deploy_full=true"],
                  ["-m", "ansible", "playbook", "tfcluster.cluster.deploy"] + options):
         started = time.monotonic()
@@ -432,10 +432,9 @@ def test_the_installed_wheel_deploys_the_containers(deployed, tmp_path):
         # Which copy of the collection a bare ansible-playbook finds: tests/test_collection.py.
         assert argv[1] != "tfcluster" or "tfcluster: ansible-playbook tfcluster.cluster.deploy" \
             in proc.stdout, proc.stdout[-2000:]
+        # Every container (and localhost, where the controller-side tasks ran) changed nothing.
         recap = {m.group(1): int(m.group(3)) for m in RECAP.finditer(proc.stdout)}
-        assert recap == {name: 0 for name in hosts.names}, proc.stdout[-4000:]
-    assert all("%s: as its deploy stamp says" % name in proc.stdout for name in hosts.names), \
-        proc.stdout[-4000:]
+        assert set(hosts.names) <= set(recap) and not any(recap.values()), proc.stdout[-4000:]
 
 
 @on_containers
