@@ -12,6 +12,7 @@ import zipfile
 import pytest
 import yaml
 
+from ansible_run import ansible_tool
 from conftest import REPO
 from installed_wheel import build_wheel, install_wheel, run_installed
 from tfcluster import cli, deploy
@@ -194,7 +195,7 @@ def test_host_code_is_found_from_a_users_own_playbook(installed):
 @pytest.mark.slow
 def test_collection_tarball_installs_and_runs_from_files(tmp_path):
     """`make collection`'s tarball, installed with ansible-galaxy from the file."""
-    galaxy = os.path.join(os.path.dirname(sys.executable), "ansible-galaxy")
+    galaxy = ansible_tool("ansible-galaxy")
     proc = subprocess.run([galaxy, "collection", "build", "--output-path", str(tmp_path), REPO],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -435,6 +435,9 @@ def test_the_installed_wheel_deploys_the_containers(deployed, tmp_path):
         # Every container (and localhost, where the controller-side tasks ran) changed nothing.
         recap = {m.group(1): int(m.group(3)) for m in RECAP.finditer(proc.stdout)}
         assert set(hosts.names) <= set(recap) and not any(recap.values()), proc.stdout[-4000:]
+        # Not the stamp's fast path: the wheel's roles ran on every container.
+        assert all("%s: provisioned: " % name in proc.stdout for name in hosts.names), \
+            proc.stdout[-4000:]
 
 
 @on_containers

@@ -343,7 +343,7 @@ def test_fetch_refuses_an_archive_reaching_out_of_the_folder(tmp_path, fake_mani
                                            "sha256": sha256(payload),
                                            "urls": ["https://c.example/cifar.tgz"]}]}
     dest = tmp_path / "cifar10"
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(TfclusterError) as raised:
         fetcher.fetch("cifar10", str(dest),
                       opener=FakeOpener({"https://c.example/cifar.tgz": payload}))
     assert "escape" in str(raised.value) or "/etc/passwd" in str(raised.value)

@@ -16,12 +16,8 @@ import tarfile
 
 import pytest
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(TESTS)
-if TESTS not in sys.path:
-    sys.path.insert(0, TESTS)
-
-from ansible_run import ansible_tool, task_statuses  # noqa: E402
+from ansible_run import ansible_tool, task_statuses
+from conftest import REPO
 
 UNPACK = os.path.join(REPO, "roles", "tensorflow", "files", "unpack_venv.py")
 PREFIX = "/build/.venv-pack-x/venv"
