@@ -98,6 +98,13 @@ def test_deploy_passes_ansible_playbook_options_through():
                                                                         "teardown.yml")
 
 
+def test_deploy_shows_no_extra_var_value():
+    # -e values may be passwords; files (@FILE) are only names.
+    assert deploy.shown(["tfcluster.cluster.deploy", "-i", "my hosts.yml", "-e",
+                         "ansible_become_password=s3cret", "-e", "@vars.json", "--check"]) == (
+        "tfcluster.cluster.deploy -i 'my hosts.yml' -e ... -e @vars.json --check")
+
+
 def test_deploy_runs_with_the_settings_that_came_with_the_playbooks():
     env = deploy.playbook_env("/site", "/site/" + COLLECTION, {"HOME": "/h", "PWD": "/old"})
     assert env == {"HOME": "/h", "ANSIBLE_CONFIG": "/site/" + COLLECTION + "ansible.cfg",

@@ -215,6 +215,8 @@ def main(argv=None):
     except TfclusterError as err:
         print("tfcluster: error: %s" % err, file=sys.stderr, flush=True)
         return err.exit_code
+    except KeyboardInterrupt:  # Ctrl-C: the command stopped what it started, no traceback
+        return 130
 
 
 def cmd_launch(args):
@@ -327,10 +329,7 @@ def cmd_gpus(args):
 
 def cmd_sync(args):
     from tfcluster import sync
-    try:
-        sync.sync(args.inventory, args.code)
-    except KeyboardInterrupt:
-        return 130
+    sync.sync(args.inventory, args.code)
     return 0
 
 

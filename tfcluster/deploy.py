@@ -8,7 +8,7 @@ file that came with them (ANSIBLE_CONFIG: the checkout's ansible.cfg, copied int
 neither a checkout nor the current directory's ansible.cfg is needed.
 """
 import os
-import subprocess
+import shlex
 import sys
 
 from tfcluster.errors import UsageError
@@ -75,8 +75,18 @@ def run(args):
     check_inventory(args.inventory)
     collections_dir, root = find_content()
     cmd = playbook_command(args, collections_dir, root)
-    print("tfcluster: ansible-playbook %s" % " ".join(cmd[4:]), flush=True)
+    print("tfcluster: ansible-playbook %s" % shown(cmd[4:]), flush=True)
+    import subprocess  # here: `tfcluster` reads PLAYBOOKS for every command's --help
+    playbook = subprocess.Popen(cmd, env=playbook_env(collections_dir, root))
     try:
-        return subprocess.call(cmd, env=playbook_env(collections_dir, root))
+        return playbook.wait()
     except KeyboardInterrupt:
-        return 130
+        # Ctrl-C reached ansible-playbook too: let it finish its own stop.
+        return playbook.wait()
+
+
+def shown(argv):
+    """ARGV for the terminal: -e values may hold passwords, so only @FILE ones are shown."""
+    hidden = [value if previous != "-e" or value.startswith("@") else "..."
+              for previous, value in zip([None] + argv, argv)]
+    return shlex.join(hidden)

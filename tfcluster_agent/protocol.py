@@ -88,17 +88,22 @@ HASHED_SUFFIXES = (".py", ".yml", ".yaml", ".json", ".txt")
 HOST_PACKAGES = ("tfcluster_agent", "trainers")
 
 
+_SHA256 = []
+
+
 def sha256(data=b""):
     """hashlib.sha256 without importing hashlib, which loads OpenSSL: 5 ms of every agent's
     start, where one SSH session that starts Python costs about 60 ms."""
-    try:
-        from _sha256 import sha256 as new  # Python 3.11
-    except ImportError:
+    if not _SHA256:  # looked up once: a failed import is tried again at every call
         try:
-            from _sha2 import sha256 as new  # 3.12 and later
+            from _sha256 import sha256 as new  # Python 3.11
         except ImportError:
-            from hashlib import sha256 as new
-    return new(data)
+            try:
+                from _sha2 import sha256 as new  # 3.12 and later
+            except ImportError:
+                from hashlib import sha256 as new
+        _SHA256.append(new)
+    return _SHA256[0](data)
 
 
 def code_files(code_root):

@@ -20,21 +20,31 @@ import zlib
 def unpack(archive, folder):
     tar = subprocess.Popen(["tar", "-x", "-f", "-", "-C", folder], stdin=subprocess.PIPE)
     inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    damage = None
     with open(archive, "rb") as source:
         # Gone from the folder at once (it stays readable here): pages never written back to
         # disk, and an interrupted run leaves no 400 MB behind.
         os.remove(archive)
-        for chunk in iter(lambda: source.read(1 << 20), b""):
-            while chunk:
-                tar.stdin.write(inflater.decompress(chunk))
-                # A gzip file may hold several members, one after the other.
-                chunk = inflater.unused_data if inflater.eof else b""
-                if inflater.eof:
-                    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-        tar.stdin.write(inflater.flush())
-    tar.stdin.close()
-    if tar.wait() != 0:
-        sys.exit("tar could not unpack %s into %s" % (archive, folder))
+        try:
+            for chunk in iter(lambda: source.read(1 << 20), b""):
+                while chunk:
+                    tar.stdin.write(inflater.decompress(chunk))
+                    # A gzip file may hold several members, one after the other.
+                    chunk = inflater.unused_data if inflater.eof else b""
+                    if inflater.eof:
+                        inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            tar.stdin.write(inflater.flush())
+        except zlib.error as error:
+            damage = "not a whole gzip file (%s)" % error
+        except BrokenPipeError:
+            pass  # tar stopped early: its exit code says why
+    try:
+        tar.stdin.close()
+    except BrokenPipeError:
+        pass
+    if tar.wait() != 0 or damage:
+        sys.exit("tar could not unpack %s into %s: %s" % (archive, folder,
+                                                           damage or "see tar's message above"))
 
 
 def relocate(folder, old, new):
