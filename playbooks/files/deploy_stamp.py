@@ -1,7 +1,7 @@
 """tfcluster's deploy stamp (playbooks/deploy.yml): is a machine still as the last complete
 deploy left it? Standard library only: the deploy sends this file inline (python3 -c) to a host.
 
-  deploy_stamp.py inputs --content DIR... [--code DIR] [--wheels DIR] [--file FILE...]
+  deploy_stamp.py inputs --content DIR... [--roles DIR] [--code DIR] [--wheels DIR] [--file FILE...]
       (controller) prints {"hash": what this deploy is made from, "roles": [role names]}
   deploy_stamp.py check STAMP INPUTS [--forget-stale]
       (host) prints {"ready": bool, "why": str}; --forget-stale removes a stamp that does not match
