@@ -68,9 +68,10 @@ def explain(proc):
         proc.returncode, proc.log, proc.stdout[-6000:], proc.stderr[-2000:])
 
 
-def task_statuses(output):
-    """{(task name, host): status} from the default callback's output."""
-    statuses, task = {}, None
+def task_status_runs(output):
+    """{(task name, host): [status of each run]} from the default callback's output: a task file
+    imported twice runs its tasks twice under the same names."""
+    runs, task = {}, None
     for line in output.splitlines():
         match = TASK.match(line)
         if match:
@@ -78,8 +79,13 @@ def task_statuses(output):
             continue
         match = STATUS.match(line)
         if match and task:
-            statuses.setdefault((task, match.group(2)), match.group(1))
-    return statuses
+            runs.setdefault((task, match.group(2)), []).append(match.group(1))
+    return runs
+
+
+def task_statuses(output):
+    """{(task name, host): status of its first run} from the default callback's output."""
+    return {key: statuses[0] for key, statuses in task_status_runs(output).items()}
 
 
 def tiny_dataset(folder, mirror_url=None):

@@ -30,7 +30,7 @@ REPO = os.path.dirname(TESTS)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from ansible_run import RECAP, Ansible, explain, task_statuses, tiny_dataset  # noqa: E402
+from ansible_run import RECAP, Ansible, explain, task_status_runs, task_statuses, tiny_dataset  # noqa: E402
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
 from conftest import DOCKERHOSTS_LOCK, hold_lock, pid_alive, run_record, tfcluster, wait_for  # noqa: E402
 
@@ -273,23 +273,29 @@ def assert_fast_path(hosts, proc):
 
 @on_containers
 def test_first_deploy_unpacked_the_packed_venv(deployed):
-    """The venv came from scripts/wheelhouse's pack: no wheelhouse, no pip; its scripts name the
-    host's venv, tf-keras imports, nothing is left of the unpacking."""
+    """The venv came from scripts/wheelhouse's pack (unpacked in the background, waited for before
+    the stamp): no wheelhouse, no pip; its scripts name the host's venv, tf-keras imports,
+    nothing is left of the unpacking, not even Ansible's record of the job."""
     hosts, _, first = deployed
-    statuses = task_statuses(first.stdout)
+    statuses, runs = task_statuses(first.stdout), task_status_runs(first.stdout)
     for name in hosts.names:
         assert statuses.get(("tensorflow : Ensure the packed environment is unpacked into the venv",
                              name)) == "changed", explain(first)
+        # Skipped in the role (tensorflow_unpack_wait: false), waited for after the datasets role.
+        assert runs.get(("tensorflow : Ensure the packed environment's unpack has finished",
+                         name)) == ["skipping", "ok"], explain(first)
         assert statuses.get(("tensorflow : Ensure the packages are installed in the venv", name)) in (
             None, "skipping"), explain(first)
         out = hosts.ssh(name, "cd {0} && ls -A; echo --; head -qn1 venv/bin/pip venv/bin/tflite_convert"
                               "; echo --; grep -l venv-pack venv/bin/* venv/pyvenv.cfg; echo --; "
                               "grep -o '\"pack\": \"[0-9a-f]*\"' venv/tfcluster-installed; echo --; "
                               "venv/bin/pip --version && TF_CPP_MIN_LOG_LEVEL=3 venv/bin/python -c "
-                              "'import tf_keras; print(tf_keras.__version__)'".format(ROOT))
+                              "'import tf_keras; print(tf_keras.__version__)'; echo --; "
+                              "ls -A /root/.ansible_async 2>/dev/null; true".format(ROOT))
         assert out.returncode == 0, "%s: %s %s" % (name, out.stdout, out.stderr[-2000:])
-        entries, shebangs, unrewritten, record, tools = [
+        entries, shebangs, unrewritten, record, tools, jobs = [
             part.split() for part in out.stdout.split("--\n")]
+        assert jobs == [], jobs
         # No wheelhouse was pushed; no venv.new, venv.old or pushed archive is left.
         assert "wheelhouse" not in entries and "venv" in entries, entries
         assert not [e for e in entries if e.startswith("venv.")], entries

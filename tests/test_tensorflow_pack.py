@@ -1,8 +1,8 @@
 """The packed venv of an offline deploy: scripts/wheelhouse's pack metadata and cache, the
-tensorflow role's unpack_venv.py on a small fake venv, and (slow: ansible-playbook in check mode
-on local hosts) the role's choice between the pack and pip. The real pack on real hosts is
+tensorflow role's venv_pack.py (libzstd through ctypes) on a small fake venv, and (slow:
+ansible-playbook on local hosts) the role's choice between the pack and pip in check mode and,
+as root, the background unpack for real. The real pack on real hosts is
 tests/test_dockerhosts.py's deploy."""
-import gzip
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -16,10 +16,10 @@ import tarfile
 
 import pytest
 
-from ansible_run import ansible_tool, task_statuses
+from ansible_run import ansible_tool, task_status_runs, task_statuses
 from conftest import REPO
 
-UNPACK = os.path.join(REPO, "roles", "tensorflow", "files", "unpack_venv.py")
+UNPACK = os.path.join(REPO, "roles", "tensorflow", "files", "venv_pack.py")
 PREFIX = "/build/.venv-pack-x/venv"
 
 
@@ -34,9 +34,15 @@ def load_wheelhouse():
 wheelhouse = load_wheelhouse()
 
 
-def fake_venv_archive(path, members=1):
-    """A tar.gz of a tiny venv built in PREFIX, as scripts/wheelhouse packs one (MEMBERS gzip
-    members one after the other, as a parallel gzip writes)."""
+def zstd_frame(data):
+    out = io.BytesIO()
+    wheelhouse.zstd.compress(io.BytesIO(data), out.write, level=3, window_log=20, workers=0)
+    return out.getvalue()
+
+
+def fake_venv_archive(path, frames=1):
+    """A tar.zst of a tiny venv built in PREFIX, as scripts/wheelhouse packs one (split into
+    FRAMES zstd frames one after the other, as `zstd` and `cat` could have made it)."""
     files = {
         "bin/tool": ("#!%s/bin/python\nimport sys\n" % PREFIX, 0o755),
         "bin/activate": ('VIRTUAL_ENV="%s"\nexport VIRTUAL_ENV\n' % PREFIX, 0o644),
@@ -54,18 +60,18 @@ def fake_venv_archive(path, members=1):
         link.type, link.linkname = tarfile.SYMTYPE, sys.executable
         tar.addfile(link)
     data = raw.getvalue()
-    cut = len(data) // members + 1
+    cut = len(data) // frames + 1
     with open(path, "wb") as handle:
         for start in range(0, len(data), cut):
-            handle.write(gzip.compress(data[start:start + cut]))
+            handle.write(zstd_frame(data[start:start + cut]))
 
 
 def test_unpack_swaps_in_the_relocated_venv(tmp_path):
     venv = tmp_path / "venv"
     venv.mkdir()
     (venv / "old-file").write_text("from the previous install\n")
-    archive = tmp_path / "venv.pack.tar.gz"
-    fake_venv_archive(archive, members=3)
+    archive = tmp_path / "venv.pack.tar.zst"
+    fake_venv_archive(archive, frames=3)
     proc = subprocess.run([sys.executable, UNPACK, str(archive), str(venv), PREFIX, "# record"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -81,19 +87,46 @@ def test_unpack_swaps_in_the_relocated_venv(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["venv"]
 
 
-@pytest.mark.parametrize("payload", [gzip.compress(b"not a tar archive" * 100),
-                                     b"not even gzip" * 100])
-def test_unpack_of_a_broken_archive_leaves_the_old_venv(tmp_path, payload):
+def test_zstd_round_trip_over_many_buffers_and_workers():
+    """More than one read buffer in and out, compressed by two worker threads as the pack is."""
+    data = b"".join(b"%08d %s\n" % (i, os.urandom(8).hex().encode()) for i in range(400000))
+    packed = io.BytesIO()
+    wheelhouse.zstd.compress(io.BytesIO(data), packed.write, level=3, window_log=27, workers=2)
+    assert len(packed.getvalue()) < len(data)
+    out = io.BytesIO()
+    wheelhouse.zstd.decompress(io.BytesIO(packed.getvalue()), lambda view: out.write(bytes(view)))
+    assert out.getvalue() == data
+
+
+def test_no_pack_without_libzstd(tmp_path, capsys, monkeypatch):
+    def missing():
+        raise wheelhouse.zstd.ZstdError("libzstd.so.1 is not on this machine")
+    monkeypatch.setattr(wheelhouse.zstd, "libzstd", missing)
+    assert wheelhouse.build_pack(pack_args(tmp_path, "--pack-python", sys.executable)) == 0
+    assert "no packed environment: libzstd.so.1" in capsys.readouterr().out
+    assert not os.path.exists(os.path.join(tmp_path, "wheelhouse", wheelhouse.PACK_METADATA))
+
+
+@pytest.mark.parametrize("damage", ["not tar", "not zstd", "cut short", "a byte changed"])
+def test_unpack_of_a_broken_archive_leaves_the_old_venv(tmp_path, damage):
     venv = tmp_path / "venv"
     venv.mkdir()
     (venv / "tfcluster-installed").write_text("old record")
-    archive = tmp_path / "venv.pack.tar.gz"
+    archive = tmp_path / "venv.pack.tar.zst"
+    fake_venv_archive(archive)
+    whole = archive.read_bytes()
+    payload = {"not tar": zstd_frame(b"not a tar archive" * 100), "not zstd": b"not zstd" * 100,
+               "cut short": whole[:len(whole) // 2],
+               # The frame's content checksum catches what the tar format would not.
+               "a byte changed": whole[:len(whole) // 2] + bytes([whole[len(whole) // 2] ^ 1])
+               + whole[len(whole) // 2 + 1:]}[damage]
     archive.write_bytes(payload)
     proc = subprocess.run([sys.executable, UNPACK, str(archive), str(venv), PREFIX, "# new"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "could not unpack" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert (venv / "tfcluster-installed").read_text() == "old record"
+    assert sorted(os.listdir(tmp_path)) == ["venv"]
 
 
 def pack_args(tmp_path, *extra):
@@ -110,6 +143,7 @@ def write_pack(args, base_python, **changes):
     archive = os.path.join(args.dest, wheelhouse.PACK_ARCHIVE)
     fake_venv_archive(archive)
     metadata = {"base_python": base_python, "machine": platform.machine(),
+                "format": wheelhouse.PACK_FORMAT,
                 "python_version": ".".join(map(str, sys.version_info[:3])),
                 "inputs": wheelhouse.pack_inputs(args, base_python), "prefix": PREFIX,
                 "archive": wheelhouse.PACK_ARCHIVE, "size": os.path.getsize(archive),
@@ -118,6 +152,26 @@ def write_pack(args, base_python, **changes):
     with open(os.path.join(args.dest, wheelhouse.PACK_METADATA), "w") as handle:
         json.dump(metadata, handle)
     return metadata
+
+
+def run_on_local_hosts(tmp_path, hosts, tasks, *args, env=None):
+    """ansible-playbook of TASKS (YAML, indented as a play's) after the tfcluster role on local
+    HOSTS ({name: host vars as YAML}), offline from tmp_path's wheelhouse."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  vars:\n    ansible_connection: local\n"
+        "    ansible_python_interpreter: %s\n  hosts:\n%s"
+        % (sys.executable, "".join("    %s: %s\n" % item for item in hosts.items())))
+    playbook = tmp_path / "install.yml"
+    playbook.write_text("- name: Install TensorFlow\n  hosts: all\n  gather_subset: [min]\n"
+                        "  roles: [tfcluster]\n  tasks:\n" + tasks)
+    return subprocess.run(
+        [ansible_tool("ansible-playbook"), "-i", str(inventory), str(playbook), *args,
+         "-e", "tfcluster_src=" + REPO, "-e", "tensorflow_install_mode=offline",
+         "-e", "tensorflow_wheelhouse_src=%s" % (tmp_path / "wheelhouse")],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+                 ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"), **(env or {})))
 
 
 def test_pack_inputs_read_the_files_as_the_role_does(tmp_path):
@@ -155,13 +209,14 @@ def test_no_pack_for_another_python_or_gpu_only(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_role_unpacks_a_matching_pack_and_falls_back_to_pip(tmp_path):
-    """The tensorflow role in check mode on three local hosts: one whose Python and inputs the
-    pack matches (pushed and unpacked, no pip), one with another Python version and one whose
-    controller wheelhouse gained a wheel after the pack was made (both: pip, no pack)."""
+    """The tensorflow role in check mode on four local hosts: one whose Python and inputs the
+    pack matches (pushed and unpacked, no pip), one with another Python version, one with a pack
+    of an earlier format (gzip) and one whose controller wheelhouse gained a wheel after the pack
+    was made (those three: pip, no pack)."""
     hosts = {}
     args = pack_args(tmp_path)
     for name, changes in (("match", {}), ("other_python", {"python_version": "3.0.0"}),
-                          ("new_wheel", None)):
+                          ("gzip_pack", {"format": None}), ("new_wheel", None)):
         # Each host's own pack (tensorflow_pack_metadata) in a folder of its own.
         pack_dir = tmp_path / ("pack-" + name)
         pack_dir.mkdir()
@@ -178,30 +233,70 @@ def test_role_unpacks_a_matching_pack_and_falls_back_to_pip(tmp_path):
             (root / "wheelhouse" / wheel).write_bytes((tmp_path / "wheelhouse" / wheel).read_bytes())
         hosts[name] = "{tfcluster_root: %s, tensorflow_pack_metadata: %s}" % (
             root, pack_dir / "venv-pack.json")
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        "all:\n  vars:\n    ansible_connection: local\n"
-        "    ansible_python_interpreter: %s\n  hosts:\n%s"
-        % (sys.executable, "".join("    %s: %s\n" % item for item in hosts.items())))
-    playbook = tmp_path / "install.yml"
-    playbook.write_text(
-        "- name: Install TensorFlow\n  hosts: all\n  gather_subset: [min]\n  roles: [tfcluster]\n"
-        "  tasks:\n    - name: Install TensorFlow\n      ansible.builtin.import_role:\n"
-        "        name: tensorflow\n")
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-               ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"))
-    proc = subprocess.run([ansible_tool("ansible-playbook"), "-i", str(inventory), str(playbook),
-                           "--check", "-e", "tfcluster_src=" + REPO,
-                           "-e", "tensorflow_install_mode=offline",
-                           "-e", "tensorflow_wheelhouse_src=%s" % (tmp_path / "wheelhouse")],
-                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    proc = run_on_local_hosts(tmp_path, hosts, "    - name: Install TensorFlow\n"
+                              "      ansible.builtin.import_role:\n        name: tensorflow\n",
+                              "--check")
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
     status = task_statuses(proc.stdout)
     push = "tensorflow : Ensure the packed environment is on the host"
     pip = "tensorflow : Ensure the packages are installed in the venv"
     assert status.get((push, "match")) == "changed", proc.stdout[-5000:]
     assert status.get((pip, "match")) in (None, "skipping")
-    for name in ("other_python", "new_wheel"):
+    for name in ("other_python", "gzip_pack", "new_wheel"):
         assert status.get((push, name)) in (None, "skipping"), name
         assert status.get((pip, name)) == "changed", (name, proc.stdout[-5000:])
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_background_unpack_is_waited_for_and_its_failure_fails_the_deploy(tmp_path):
+    """For real on two local hosts, as deploy.yml runs it: the role starts the unpack in the
+    background (tensorflow_unpack_wait: false), another task runs, then unpacked.yml waits. The
+    good pack becomes the venv and leaves no job record; the damaged one fails the wait with the
+    unpack's message, and that host's old venv stays."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the role makes the pushed archive root's")
+    args = pack_args(tmp_path)
+    sha256 = write_pack(args, sys.executable)["sha256"]
+    hosts = {}
+    for name in ("good", "damaged"):
+        pack_dir = tmp_path / ("pack-" + name)
+        pack_dir.mkdir()
+        for path in (wheelhouse.PACK_ARCHIVE, wheelhouse.PACK_METADATA):
+            (pack_dir / path).write_bytes((tmp_path / "wheelhouse" / path).read_bytes())
+        root = tmp_path / ("root-" + name)
+        (root / "venv").mkdir(parents=True)
+        (root / "venv" / "tfcluster-installed").write_text("old record")
+        hosts[name] = "{tfcluster_root: %s, tensorflow_pack_metadata: %s}" % (
+            root, pack_dir / wheelhouse.PACK_METADATA)
+    archive = tmp_path / "pack-damaged" / wheelhouse.PACK_ARCHIVE
+    whole = archive.read_bytes()
+    archive.write_bytes(whole[:len(whole) // 2])
+    jobs = tmp_path / "async"
+    proc = run_on_local_hosts(
+        tmp_path, hosts,
+        "    - name: Install TensorFlow\n      ansible.builtin.import_role:\n"
+        "        name: tensorflow\n      vars:\n        tensorflow_unpack_wait: false\n"
+        "    - name: Run beside the unpack\n      ansible.builtin.command: 'true'\n"
+        "      changed_when: false\n"
+        "    - name: Wait for the unpack\n      ansible.builtin.import_role:\n"
+        "        name: tensorflow\n        tasks_from: unpacked.yml\n",
+        env={"ANSIBLE_ASYNC_DIR": str(jobs)})
+    output = proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert proc.returncode == 2, output
+    runs = task_status_runs(proc.stdout)
+    wait = "tensorflow : Ensure the packed environment's unpack has finished"
+    assert runs.get(("tensorflow : Ensure the packed environment is unpacked into the venv", "good")) \
+        == ["changed"], output
+    assert runs.get(("Run beside the unpack", "damaged")) == ["ok"], output
+    # Skipped in the role, waited for after the other task.
+    assert runs.get((wait, "good")) == ["skipping", "ok"], output
+    assert runs.get((wait, "damaged")) == ["skipping", "fatal"], output
+    assert "not a whole zstd archive (the archive ends in the middle of a frame)" in proc.stdout, output
+    good, damaged = tmp_path / "root-good" / "venv", tmp_path / "root-damaged" / "venv"
+    assert open(good / "bin" / "tool").readline() == "#!%s/bin/python\n" % good
+    assert '"pack": "%s"' % sha256 in (good / "tfcluster-installed").read_text()
+    assert (damaged / "tfcluster-installed").read_text() == "old record"
+    assert not os.path.exists(str(damaged) + ".new")
+    # The good host's job record was removed; the failed one's stays for a look (Ansible's way).
+    assert len(os.listdir(jobs)) == 1, os.listdir(jobs)
