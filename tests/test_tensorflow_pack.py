@@ -98,6 +98,26 @@ def test_zstd_round_trip_over_many_buffers_and_workers():
     assert out.getvalue() == data
 
 
+@pytest.mark.slow
+def test_zstd_works_in_a_process_that_imported_tensorflow():
+    """libtensorflow_framework exports a zstd of its own: venv_pack's libzstd must still call its
+    own functions (the test suite's process imports TensorFlow before the pack tests)."""
+    program = (
+        "import importlib.util, io, sys\n"
+        "import tensorflow\n"
+        "spec = importlib.util.spec_from_file_location('venv_pack', sys.argv[1])\n"
+        "zstd = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(zstd)\n"
+        "data, packed, out = b'tensorflow ' * 100000, io.BytesIO(), io.BytesIO()\n"
+        "zstd.compress(io.BytesIO(data), packed.write, level=3, window_log=20, workers=2)\n"
+        "zstd.decompress(io.BytesIO(packed.getvalue()), out.write)\n"
+        "assert out.getvalue() == data\n"
+        "print('round trip', len(packed.getvalue()))\n")
+    proc = subprocess.run([sys.executable, "-c", program, UNPACK], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 0 and "round trip" in proc.stdout, proc.stderr[-3000:]
+
+
 def test_no_pack_without_libzstd(tmp_path, capsys, monkeypatch):
     def missing():
         raise wheelhouse.zstd.ZstdError("libzstd.so.1 is not on this machine")

@@ -34,8 +34,11 @@ class ZstdError(Exception):
 
 
 def libzstd():
+    # DEEPBIND: libzstd calls its own exported functions. In a process where another zstd is
+    # in the global scope (after `import tensorflow`: libtensorflow_framework exports its own
+    # ZSTD_*), those calls would land in that copy, whose structures differ, and fail.
     try:
-        lib = ctypes.CDLL("libzstd.so.1")
+        lib = ctypes.CDLL("libzstd.so.1", mode=ctypes.DEFAULT_MODE | getattr(os, "RTLD_DEEPBIND", 0))
     except OSError:
         raise ZstdError("libzstd.so.1 is not on this machine (Debian and Ubuntu: apt install libzstd1)")
     size_t, pointer = ctypes.c_size_t, ctypes.c_void_p
