@@ -12,6 +12,7 @@ and Ubuntu has libzstd1, which dpkg and apt need; few have the zstd command) and
 the files beside it. scripts/wheelhouse packs with `compress` below. Standard library only.
 """
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ class ZstdError(Exception):
     pass
 
 
+@functools.lru_cache(maxsize=None)  # loaded and typed once; a failure is not remembered
 def libzstd():
     # DEEPBIND: libzstd calls its own exported functions. In a process where another zstd is
     # in the global scope (after `import tensorflow`: libtensorflow_framework exports its own
@@ -84,7 +86,7 @@ def decompress(source, write):
 
 
 def compress(source, write, level, window_log, workers):
-    """Deflate SOURCE (a binary file) into WRITE as one zstd frame with a content checksum;
+    """Compress SOURCE (a binary file) into WRITE as one zstd frame with a content checksum;
     long-distance matching over 2**WINDOW_LOG bytes (decoders accept up to 2**27 unasked)."""
     lib = libzstd()
     context = lib.ZSTD_createCCtx()
