@@ -19,10 +19,10 @@ from conftest import (REPO, free_port_block, local_inventory_text, processes_mat
                       stop_leftovers, stopped_by_lease, tfcluster, wait_for)
 from tfcluster import gpus
 from tfcluster.inventory import Machine, Slot, load_slots
+from tfcluster.record import PreflightReport
 from tfcluster.spec import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import PreflightReport
 
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
 FAKE_TASK = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")

@@ -20,12 +20,12 @@ from tfcluster.metrics import MetricsStore, efficiency_message
 from tfcluster.monitor import Monitor, describe_exit, first_failure, policy_met, tracked
 from tfcluster.plot import draw_in_background
 from tfcluster.preflight import controller_code_hash, preflight, print_preflight
+from tfcluster.record import RECORDED_FACTS, MachineRecord, TaskRecord
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
 from tfcluster.taskenv import data_needs, host_run_dir, task_specs, thread_plan
 from tfcluster.teardown import finish, stop_tasks, write_task_records
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import RECORDED_FACTS, MachineRecord, TaskRecord
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once

@@ -14,8 +14,8 @@ import types
 
 from tfcluster import runs
 from tfcluster.hosts import CLOSED
+from tfcluster.record import RestartEntry, TaskState, TaskStatus, check_transition
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import RestartEntry, TaskState, TaskStatus, check_transition
 
 TRACKED_JOBS = ("chief", "worker")
 TAIL_LINES = 20

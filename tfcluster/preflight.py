@@ -6,9 +6,9 @@ from tfcluster import gpus
 from tfcluster.catalog import code_root
 from tfcluster.errors import PreflightError, Problem
 from tfcluster.hosts import HostError, Hosts
+from tfcluster.record import PreflightReport
 from tfcluster_agent import datafiles
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import PreflightReport
 
 # The agent imports TensorFlow once per interpreter and install; later preflights use the cache.
 IMPORT_SECONDS = 150

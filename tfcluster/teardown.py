@@ -11,9 +11,9 @@ from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.hosts import HostError
 from tfcluster.hints import print_hints
 from tfcluster.monitor import TAIL_LINES, policy_met
+from tfcluster.record import TaskState
 from tfcluster.summary import print_summary
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import TaskState
 
 COLLECTED_FOLDERS = ("tensorboard",)
 

@@ -1,8 +1,7 @@
-"""The run model, shared by the controller and the host agent (standard library only).
-
-TaskSpec is what the agent needs to start a task; TaskState and TaskStatus are a task's life as
-the controller's monitor sees it; PreflightReport is a machine's answer to the preflight;
-RunRecord is runs/<run-id>/run.json, read and written only through to_json/from_json.
+"""The controller's run model: TaskState and TaskStatus are a task's life as the monitor sees it;
+PreflightReport is a machine's answer to the preflight; RunRecord is runs/<run-id>/run.json, read
+and written only through to_json/from_json. (What the agent starts, TaskSpec, is host code:
+tfcluster_agent/taskspec.py.)
 """
 import enum
 import os
@@ -74,31 +73,6 @@ class TaskStatus:
         """From an agent's Attached entry: {pid, alive, exit, state}."""
         return cls(state=TaskState(answer.get("state") or "lost"), alive=bool(answer.get("alive")),
                    exit=answer.get("exit"), pid=answer.get("pid"))
-
-
-@dataclass
-class TaskSpec:
-    """What the agent needs to start one task; ENV may hold secrets and never lands in a file."""
-    name: str
-    command: str                      # a shell command line
-    env: dict = field(default_factory=dict)
-    cwd: str | None = None
-    env_prepend: dict = field(default_factory=dict)
-    port: int | None = None
-    await_listening: bool = True      # report when the task listens on PORT
-    gpu_uuids: list = field(default_factory=list)  # GPUs whose claims its supervisor holds
-
-    def to_json(self):
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_json(cls, data):
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
-
-    def public_json(self):
-        """As records keep it: the variables' names, never their values."""
-        return dict({k: v for k, v in self.to_json().items() if k != "env"},
-                    env_names=sorted(self.env))
 
 
 @dataclass

@@ -10,11 +10,11 @@ from tfcluster import catalog, manage, runs
 from tfcluster.errors import UsageError
 from tfcluster.inventory import Machine, Slot
 from tfcluster.launcher import Launch, LaunchOptions
+from tfcluster.record import (FORMAT_VERSION, RecordError, RunRecord, TaskState,
+                              check_transition)
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import (FORMAT_VERSION, RecordError, RunRecord, TaskState,
-                                      check_transition)
 
 # A record as the code before the run model wrote it (format 1: no "format", tasks by address).
 FORMAT_1 = {
