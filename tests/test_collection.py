@@ -159,7 +159,7 @@ def test_wheel_carries_the_checkouts_ansible_content(wheel):
             with open(os.path.join(REPO, path), "rb") as handle:
                 assert archive.read(COLLECTION + path) == handle.read(), path
         # The host packages the trainers role pushes sit beside ansible_collections/.
-        assert {"tfcluster_agent/agent.py", "trainers/requirements.txt",
+        assert {"tfcluster_agent/agent.py", "tfcluster_agent/hostcode.json", "trainers/requirements.txt",
                 "trainers/requirements-no-deps.txt", "tfcluster/datasets.json",
                 "tfcluster/catalog.yml"} <= names
 

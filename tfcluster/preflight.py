@@ -9,6 +9,7 @@ from tfcluster.hosts import HostError, Hosts
 from tfcluster.record import PreflightReport
 from tfcluster_agent import datafiles
 from tfcluster_agent import protocol as P
+from tfcluster_agent.hostcode import code_hash
 
 # The agent imports TensorFlow once per interpreter and install; later preflights use the cache.
 IMPORT_SECONDS = 150
@@ -16,7 +17,7 @@ IMPORT_SECONDS = 150
 
 @functools.lru_cache(maxsize=1)  # the controller's code does not change within a command
 def controller_code_hash():
-    return P.code_hash(code_root())
+    return code_hash(code_root())
 
 
 def runs_this_checkout(machine):
