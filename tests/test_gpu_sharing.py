@@ -636,11 +636,12 @@ def table_rows(text):
 
 def test_gpus_table_rows_for_unreachable_and_gpu_less_hosts():
     from tfcluster import gpustable
-    from tfcluster.hosts import HostError
+    from tfcluster.hosts import HostError, Outcomes
     down, bare = Machine(address="gpu07"), Machine(address="cpu01")
-    table = gpustable.rows([down, bare], {
-        down.key: HostError(down, "cannot connect: timed out"),
-        bare.key: {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}})
+    outcomes = Outcomes()
+    outcomes.failed[down.key] = HostError(down, "cannot connect: timed out")
+    outcomes.succeeded[bare.key] = {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}
+    table = gpustable.rows([down, bare], outcomes)
     text = gpustable.render(table)
     assert text.splitlines()[1].startswith("gpu07  -    unreachable:")
     assert "cannot connect: timed out" in text.splitlines()[1]
