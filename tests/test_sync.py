@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, run_record, tfcluster
 from test_cli import run_cli as run
-from tfcluster import catalog, data, record, sync
+from tfcluster import catalog, datafetch, record, sync
 from tfcluster_agent import taskspec
 from tfcluster_agent.hostcode import code_hash, packages
 
@@ -94,7 +94,7 @@ def test_only_host_code_makes_a_host_stale(tmp_path, capsys, monkeypatch):
     # The files the controller really reads, at their place in the copy.
     for path, edit in ((record.__file__, "\n# a new field\n"),
                        (catalog.CATALOG, "\n# new defaults\n"),
-                       (data.MANIFEST, "\n")):
+                       (datafetch.MANIFEST, "\n")):
         copy = code / os.path.relpath(path, REPO)
         copy.write_text(copy.read_text() + edit)
         assert code_hash(str(root)) == code_hash(str(code)), path

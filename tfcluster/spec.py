@@ -38,7 +38,7 @@ class Task:
         return "%s:%d" % (self.machine.tf_host, self.port)
 
     def to_dict(self):
-        # "host" is the SSH address: manage.py finds the task's machine by it.
+        # "host": where SSH goes; "address": where the other tasks reach its server.
         return {"job": self.job, "index": self.index, "slot": self.slot, "host": self.machine.address,
                 "port": self.port, "address": self.address if self.port else None,
                 "cuda_visible_devices": self.cuda_visible_devices}

@@ -294,8 +294,8 @@ def targets_of(slots, user_code):
 def sync(inventory, user_code=None, out=print):
     """`tfcluster sync`: every machine of INVENTORY up to date; PreflightError naming each
     machine that could not be, after trying them all."""
-    from tfcluster.inventory import load_hosts
-    slots = load_hosts(inventory)
+    from tfcluster.inventory import require_slots
+    slots = require_slots(inventory)
     targets = targets_of(slots, user_code)
     started = time.monotonic()
     root = code_root()
