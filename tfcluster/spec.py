@@ -12,7 +12,7 @@ SERVER_JOBS = ("chief", "worker", "ps")
 
 
 @dataclass(frozen=True)
-class Task:
+class Task(protocol.TaskNames):
     job: str
     index: int
     slot: str
@@ -22,15 +22,6 @@ class Task:
     cuda_visible_devices: str | None = None
     # True when the slot's tfcluster_gpus chose the devices (assign() keeps them).
     gpus_listed: bool = False
-
-    @property
-    def label(self):
-        return protocol.task_label(self.job, self.index)
-
-    @property
-    def name(self):
-        """File-safe name, used for logs and pid files."""
-        return protocol.task_file_name(self.job, self.index)
 
     @property
     def address(self):

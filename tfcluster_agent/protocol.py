@@ -82,6 +82,18 @@ def task_file_name(job, index):
     return "%s-%d" % (job, index)
 
 
+class TaskNames:
+    """The two names of a task that has a JOB and an INDEX: its label and its file name."""
+
+    @property
+    def label(self):
+        return task_label(self.job, self.index)
+
+    @property
+    def name(self):
+        return task_file_name(self.job, self.index)
+
+
 # ---------------------------------------------------------------- agent <-> controller messages
 #
 # One JSON object per line, {"type": KIND, ...fields}. The controller starts one agent per machine
