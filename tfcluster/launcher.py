@@ -8,7 +8,6 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, replace
 
 from tfcluster import gpuqueue, runs
 from tfcluster.catalog import check_templates
@@ -26,12 +25,13 @@ from tfcluster.spec import build_cluster
 from tfcluster.taskenv import data_needs, host_run_dir, task_specs, thread_plan
 from tfcluster.teardown import finish, stop_tasks, write_task_records
 from tfcluster_agent import protocol as P
+from tfcluster_agent.values import field, replace, value_class
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once
 
 
-@dataclass(frozen=True)
+@value_class(frozen=True)
 class LaunchOptions:
     example: object
     runs_dir: str = "runs"
@@ -219,8 +219,8 @@ class Launch:
             self.monitor.pump(0)
         for machine, mine in self.cluster.machines():
             # Programs may tell a restart from a first start (e.g. to skip a start barrier).
-            specs = [replace(self.specs[t.label], env=dict(self.specs[t.label].env,
-                                                           TFCLUSTER_RESTARTS=str(count))).to_json()
+            specs = [self.specs[t.label].replace(env=dict(self.specs[t.label].env,
+                                                          TFCLUSTER_RESTARTS=str(count))).to_json()
                      for t in mine if t in tasks]
             if specs:
                 self.hosts.link(machine).request(

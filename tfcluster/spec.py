@@ -1,17 +1,17 @@
 """The cluster model: tasks with addresses, rendered as TF_CONFIG, classic flags or dist_test string."""
 import json
-from dataclasses import dataclass
 
 from tfcluster.errors import UsageError
 from tfcluster.inventory import JOBS, Machine
 from tfcluster_agent import clusterspec, protocol
 from tfcluster_agent.clusterspec import format_cluster_spec
+from tfcluster_agent.values import value_class
 
 # Jobs that run a gRPC server and so appear in the cluster; an evaluator only reads checkpoints.
 SERVER_JOBS = ("chief", "worker", "ps")
 
 
-@dataclass(frozen=True)
+@value_class(frozen=True)
 class Task(protocol.TaskNames):
     job: str
     index: int

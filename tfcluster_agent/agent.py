@@ -39,6 +39,13 @@ TICK = 0.05  # while a port is awaited or a folder is followed without superviso
 CHUNK = 256 * 1024
 
 
+class _Done:
+    """A stop with nothing left to wait for: done from the start (no threading imported)."""
+
+    def is_set(self):
+        return True
+
+
 class Task:
     def __init__(self, name, port=None, supervisor=None, offset=0):
         self.name = name
@@ -114,6 +121,15 @@ class Agent:
         for port in report["port_holders"]:
             report["ports"][port] = False
         self.send(P.Report(report=report))
+        self._prepare_start()
+
+    @staticmethod
+    def _prepare_start():
+        """Import what a start needs while the controller writes its records: the start is then
+        the forks alone, and each forked supervisor has subprocess already."""
+        import subprocess  # noqa: F401
+        import threading  # noqa: F401
+        from tfcluster_agent import taskspec  # noqa: F401
 
     def on_claim_gpus(self, msg):
         self.send(P.Report(report=self.gpu_claims.claim(msg.gpus, msg.run, msg.wait)))
@@ -142,7 +158,8 @@ class Agent:
             self._start(msg, specs)
         except BaseException:  # a start that failed keeps no claim it took
             self.claims.release(keep=before)
-            self.gpu_claims.release()
+            if self._gpu_claims is not None:
+                self._gpu_claims.release()
             raise
         # The agent keeps the GPU claims for the run's life (a restarted task finds its GPUs
         # still its own); each task's supervisor holds its own too, for a detached run.
@@ -174,7 +191,8 @@ class Agent:
                 os.unlink(os.path.join(self.run_dir, name + ".status"))
                 os.unlink(os.path.join(self.run_dir, name + ".pid"))
             claim = self.claims.take(spec.port)
-            gpu_claims = self.gpu_claims.take(spec.gpu_uuids)
+            # No claims object: no GPU claimed (its module is not even imported).
+            gpu_claims = [] if self._gpu_claims is None else self._gpu_claims.take(spec.gpu_uuids)
             try:
                 proc = S.fork(self.run_dir, name, self.lease, spec, keep_fd=claim,
                               keep_fds=gpu_claims)
@@ -209,7 +227,13 @@ class Agent:
             return
         names = [n for n in (msg.names or list(self.tasks) or S.task_names(self.run_dir))
                  if is_task_name(n)]
-        result = {}
+        # A task whose exit was sent has its status written: nothing of it to stop or wait for.
+        result = {n: "not running" for n in names if n in self.tasks and self.tasks[n].exit_sent}
+        if len(result) == len(names):
+            done = _Done()
+            self.stopping = (done, names, [int(p) for p in msg.ports], result,
+                             time.monotonic() + msg.grace + 15)
+            return
         import threading
 
         def stop_all():
@@ -222,7 +246,8 @@ class Agent:
                         time.monotonic() < deadline:
                     time.sleep(0.02)
                 result[name] = S.stop_task(self.run_dir, name, msg.grace)
-            threads = [threading.Thread(target=stop_one, args=(n,)) for n in names]
+            threads = [threading.Thread(target=stop_one, args=(n,)) for n in names
+                       if n not in result]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -239,13 +264,13 @@ class Agent:
                          time.monotonic() + msg.grace + 15)
 
     def on_collect(self, msg):
-        import base64
         count = 0
         for folder in msg.folders if self.run_dir else ():
             top = os.path.join(self.run_dir, folder)
             for root, _, files in os.walk(top):
                 for name in sorted(files):
                     path = os.path.join(root, name)
+                    import base64  # only for a run that has files to send
                     with open(path, "rb") as handle:
                         data = base64.b64encode(handle.read()).decode()
                     self.send(P.File(path=os.path.relpath(path, self.run_dir), data=data))
