@@ -126,9 +126,7 @@ class Agent:
     @staticmethod
     def _prepare_start():
         """Import what a start needs while the controller writes its records: the start is then
-        the forks alone, and each forked supervisor has subprocess already."""
-        import subprocess  # noqa: F401
-        import threading  # noqa: F401
+        the forks alone."""
         from tfcluster_agent import taskspec  # noqa: F401
 
     def on_claim_gpus(self, msg):
