@@ -216,12 +216,14 @@ def test_a_collective_waits_for_the_worker_that_exited():
 
 
 def test_without_collectives_each_stalled_task_says_where_it_is():
-    cluster = cluster_of(ps=1, workers=2)
-    stacks = {"worker:0": IN_COLLECTIVE, "worker:1": WAITING, "ps:0": ""}
-    cause = diagnose.stall_cause(cluster, states(worker_0=1, worker_1=1, ps_0=1), {}, stacks,
-                                 {"worker:0", "worker:1", "ps:0"})
+    cluster = cluster_of(ps=1, workers=3)
+    held = "# pid 12 (sh) state T\n# pid 13 (python) state T: its stacks did not come\n"
+    stacks = {"worker:0": IN_COLLECTIVE, "worker:1": WAITING, "worker:2": held, "ps:0": ""}
+    cause = diagnose.stall_cause(cluster, states(worker_0=1, worker_1=1, worker_2=1, ps_0=1), {},
+                                 stacks, {"worker:0", "worker:1", "worker:2", "ps:0"})
     assert cause == ("worker:0 waits in TensorFlow, called from <module> (train.py:30); "
                      "worker:1 is stuck in wait_for_data (train.py:14); "
+                     "worker:2 is stopped (SIGSTOP, or a debugger holds it); "
                      "ps:0 stalled with no Python stack")
 
 

@@ -13,6 +13,7 @@ TRAINING_JOBS = ("chief", "worker")
 FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 PROCESS = re.compile(r"^# pid (\d+) \((.*)\).*?(?:, main thread (0x[0-9a-fA-F]+))?$")
+PROCESS_STATE = re.compile(r"^# pid \d+ \(.*\) state (\S)", re.M)
 LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python")
 TENSORFLOW_PARTS = ("/tensorflow/", "/keras/", "/tf_keras/")
 
@@ -62,6 +63,12 @@ def main_thread(text):
         if frame and current is not None:
             current.append(Frame(frame.group(3), frame.group(1), int(frame.group(2))))
     return (threads or {}).get(main) or []
+
+
+def stopped(text):
+    """True when every process of the task is stopped (state T or t)."""
+    found = [m.group(1) for m in PROCESS_STATE.finditer(text)]
+    return bool(found) and all(state in "Tt" for state in found)
 
 
 def innermost(frames, count=3):
@@ -118,7 +125,9 @@ def stall_cause(cluster, states, ended_at, stacks, stalled):
     parts = []
     for task in stuck:
         mine = frames[task.label]
-        if not mine:
+        if not mine and stopped(stacks.get(task.label, "")):
+            parts.append("%s is stopped (SIGSTOP, or a debugger holds it)" % task.label)
+        elif not mine:
             parts.append("%s stalled with no Python stack" % task.label)
         elif in_tf[task.label]:
             parts.append("%s waits in TensorFlow, called from %s" % (task.label, own_frame(mine)))

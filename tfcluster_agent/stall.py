@@ -148,14 +148,12 @@ class StallWatch:
         samples.append((now, cpu))
         while len(samples) > 1 and samples[1][0] <= now - self.stall_after:
             samples.popleft()  # the oldest left is the window's start
-        start, used = samples[0][0], cpu - samples[0][1]
+        used = cpu - samples[0][1]
         if used >= self.threshold:
             self._resume(watched, now, "CPU")
         elif not watched.stalled and now - watched.quiet_since >= self.stall_after:
             watched.stalled = True
-            # The CPU window starts at the first quiet look, up to one interval late.
-            since = watched.quiet_since if start - watched.quiet_since <= self.interval else start
-            self.send(Stalled(name=watched.task.name, seconds=round(now - since, 1),
+            self.send(Stalled(name=watched.task.name, seconds=round(now - watched.quiet_since, 1),
                               cpu=round(used, 2)))
 
     def _resume(self, watched, now, why):
