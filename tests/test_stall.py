@@ -1,6 +1,7 @@
 """No silent hang, in-process: the agent's stall watch, the stacks a task's sitecustomize lets
 the agent take, the cause read from them, and --on-stall stop on a fake host layer. The real
 launches are in test_stall_launch.py."""
+import io
 import json
 import os
 import signal
@@ -9,11 +10,14 @@ import sys
 import time
 
 import pytest
+from rich.console import Console
 
 from conftest import REPO, run_record, wait_for
 from test_cli import run_cli
 from test_launcher_unit import FakeLink, cluster_of, run
+from test_report import make_task, render
 from tfcluster import diagnose
+from tfcluster.live import LiveReporter
 from tfcluster.stall import RunStalled
 from tfcluster_agent import protocol as P
 from tfcluster_agent import stall
@@ -317,3 +321,13 @@ def test_the_inventory_sets_stall_after(tmp_path):
                     "tfcluster_stall_after: soon}\n")
     with pytest.raises(UsageError, match="tfcluster_stall_after must be a number of seconds"):
         read_slots(str(path))
+
+
+def test_the_live_table_marks_a_stalled_task():
+    reporter = LiveReporter(console=Console(file=io.StringIO(), width=140), live=False)
+    worker = make_task("worker", 1, "gpu2")
+    reporter.task_started(worker, 99)
+    reporter.task_stalled(worker, True)
+    assert render(reporter).split("\n")[1].split()[:2] == ["worker:1", "stalled"]
+    reporter.task_stalled(worker, False)
+    assert render(reporter).split("\n")[1].split()[:2] == ["worker:1", "running"]
