@@ -18,7 +18,7 @@ from test_launcher_unit import FakeLink, cluster_of, run
 from test_report import make_task, render
 from tfcluster import diagnose
 from tfcluster.live import LiveReporter
-from tfcluster.stall import RunStalled
+from tfcluster.stall import RunStalled, StallFollower
 from tfcluster_agent import protocol as P
 from tfcluster_agent import stall
 from tfcluster_agent import supervisor as S
@@ -265,8 +265,15 @@ class StallingLink(FakeLink):
         return super().request(msg, timeout, what, collect)
 
 
-def test_on_stall_stop_ends_the_run_leading_with_the_cause(tmp_path, monkeypatch):
+@pytest.fixture
+def stalling(monkeypatch):
+    """Fake hosts whose worker-1 stalls at once; the stacks are taken without waiting for other
+    stalls to come in (the real launches wait)."""
     monkeypatch.setattr("test_launcher_unit.FakeLink", StallingLink)
+    monkeypatch.setattr(StallFollower, "settle_seconds", lambda self: 0.1)
+
+
+def test_on_stall_stop_ends_the_run_leading_with_the_cause(tmp_path, stalling):
     cluster = cluster_of(ps=1, workers=2)
     outcome, record, console, hosts = run(tmp_path, cluster, {}, stall_after=3,
                                           on_stall="stop")
@@ -285,8 +292,7 @@ def test_on_stall_stop_ends_the_run_leading_with_the_cause(tmp_path, monkeypatch
     assert sorted(os.listdir(stacks)) == ["worker-0.txt", "worker-1.txt"]
 
 
-def test_stall_after_0_watches_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr("test_launcher_unit.FakeLink", StallingLink)
+def test_stall_after_0_watches_nothing(tmp_path, stalling):
     outcome, _, _, hosts = run(tmp_path, cluster_of(ps=1, workers=1), {"worker-0": [0]},
                                stall_after=0, on_stall="stop")
     assert outcome is None
@@ -331,3 +337,11 @@ def test_the_live_table_marks_a_stalled_task():
     assert render(reporter).split("\n")[1].split()[:2] == ["worker:1", "stalled"]
     reporter.task_stalled(worker, False)
     assert render(reporter).split("\n")[1].split()[:2] == ["worker:1", "running"]
+
+
+def test_a_run_timed_out_while_stalled_leads_with_the_cause(tmp_path, stalling):
+    outcome, record, console, _ = run(tmp_path, cluster_of(ps=1, workers=2), {},
+                                      stall_after=3, timeout=1)
+    assert outcome.exit_code == 124 and record["state"] == "timed_out"
+    cause = "worker:1 is stuck in wait_for_data (train.py:14)"
+    assert console.index("tfcluster: the run stalled: " + cause) < console.index("TASK")

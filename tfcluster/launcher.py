@@ -143,6 +143,7 @@ class Launch:
                                         self.reporter, options.stall_after, options.on_stall)
             self.stalls.watch()
             outcome, lost = self._follow()
+            outcome = self.stalls.explain(outcome)
         except TfclusterError as err:
             outcome = err
         except BaseException as err:

@@ -9,7 +9,7 @@ import argparse
 import os
 import time
 
-from tfcluster.errors import RunFailed, UsageError
+from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut, UsageError
 
 DEFAULT_STALL_AFTER = 120.0
 TRAINING_JOBS = ("chief", "worker")
@@ -17,6 +17,15 @@ TRAINING_JOBS = ("chief", "worker")
 
 class RunStalled(RunFailed):
     """--on-stall stop: a task stalled; the message is the cause."""
+
+    @property
+    def stall_cause(self):
+        return str(self)
+
+
+def stall_cause(outcome):
+    """The cause of the stall the run was in when it ended (the final report leads with it)."""
+    return getattr(outcome, "stall_cause", None)
 
 
 def stall_seconds(text):
@@ -125,6 +134,7 @@ class StallFollower:
         self.stalled = {}         # label -> its Stalled event
         self.diagnosed = set()    # the stalled labels the last cause covered
         self.due = None           # when to take the stacks: stalls seen together settle first
+        self.cause = None         # the last cause named, while the tasks are still stalled
         monitor.on_stall = self.event
 
     def watch(self):
@@ -156,6 +166,8 @@ class StallFollower:
                 msg.seconds))
             self.reporter.task_stalled(task, False)
             self.diagnosed.discard(task.label)
+            if not self.stalled:
+                self.cause = None
 
     def check(self):
         """Take the stacks and name the cause once the stalls settled; a RunStalled with
@@ -174,6 +186,15 @@ class StallFollower:
         cause = stall_cause(self.cluster, self.monitor.states, self.monitor.ended_at, stacks,
                             stalled) or "%s stalled" % ", ".join(sorted(stalled))
         self.reporter.note(cause)
+        self.cause = cause
         if self.on_stall == "stop":
             return RunStalled(cause)
         return None
+
+    def explain(self, outcome):
+        """OUTCOME, told the cause when the run is stopped (--timeout, Ctrl-C) while stalled."""
+        still = [label for label in self.stalled if self.monitor.alive(self.cluster.find(label))]
+        if self.cause is not None and still and isinstance(outcome, (RunTimedOut,
+                                                                     RunInterrupted)):
+            outcome.stall_cause = self.cause
+        return outcome
