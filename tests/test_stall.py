@@ -209,6 +209,10 @@ def test_a_collective_waits_for_the_worker_stuck_outside_tensorflow():
                                  stacks, {"worker:0", "worker:1", "worker:2"})
     assert cause == ("worker:0 and worker:2 wait in a collective for worker:1, which is stuck "
                      "in wait_for_data (train.py:14)")
+    deep = stack_of(*[("/v/lib/python3.11/site-packages/tensorflow/python/x.py", n, "f%d" % n)
+                      for n in range(1, 6)] + [("/home/u/train.py", 30, "train")])
+    assert diagnose.innermost(diagnose.main_thread(deep)) == \
+        "f1 (tensorflow/python/x.py:1) < f2 (tensorflow/python/x.py:2) < ... < train (train.py:30)"
 
 
 def test_a_collective_waits_for_the_worker_that_exited():

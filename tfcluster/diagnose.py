@@ -72,8 +72,15 @@ def stopped(text):
 
 
 def innermost(frames, count=3):
-    """"f (a.py:3) < g (a.py:9)": where the main thread is, innermost first."""
-    return " < ".join(str(f) for f in frames[:count]) if frames else "no Python stack"
+    """"f (a.py:3) < g (a.py:9)": where the main thread is, innermost first, and the program's
+    own frame that called into a library ("... < main (train.py:30)")."""
+    if not frames:
+        return "no Python stack"
+    shown = [str(f) for f in frames[:count]]
+    own = own_frame(frames)
+    if own not in frames[:count]:
+        shown[-1:] = ["...", str(own)]
+    return " < ".join(shown)
 
 
 def own_frame(frames):
