@@ -85,6 +85,11 @@ def fake_gpus(tmp_path, monkeypatch):
     os.symlink(FAKE_SMI, bin_dir / "nvidia-smi")
     monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", fake.path)
     monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    # This test's own claims and queue (its launches' agents inherit the variable): another
+    # test session's waiting run must not stand ahead of its claims.
+    claims = str(tmp_path / "claims")
+    monkeypatch.setenv("TFCLUSTER_GPU_CLAIMS_DIR", claims)
+    monkeypatch.setattr(gpuclaims, "CLAIMS_DIR", claims)
     yield fake
     fake.close()
     leftovers = stop_leftovers(str(tmp_path))

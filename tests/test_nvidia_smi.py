@@ -110,6 +110,19 @@ def test_an_unknown_field_is_dropped_and_the_other_counters_still_checked(fake_g
         'query.` (an older driver or board): its GPUs are checked without retired_pages.pending']
 
 
+def test_fields_unknown_to_the_other_queries_are_dropped_too(fake_gpus, smi_in_process):
+    fake_gpus.state["unknown_fields"] = ["remapped_rows.failure", "used_memory"]
+    pid = fake_gpus.use(0)
+    fake_gpus.set(1, remap_failure="Yes")
+    facts = gpuinfo.host_gpus()
+    assert facts["gpus"][0]["processes"][0]["pid"] == pid
+    assert facts["gpus"][0]["processes"][0]["used_memory"] is None
+    assert [g["remap_failed"] for g in facts["gpus"]] == [None] * 4  # pre-Ampere: not asked
+    assert facts["warning"] == (
+        'nvidia-smi answers `Field "used_memory" is not a valid field to query.` (an older '
+        'driver or board): its GPUs are checked without used_memory')
+
+
 def test_a_failing_query_still_hands_out_the_listed_gpus_loudly(fake_gpus, smi_in_process):
     fake_gpus.state["gpus"] = fake_gpus.state["gpus"][:2]
     fake_gpus.set(0, inforom_corrupted=True)
@@ -121,6 +134,7 @@ def test_a_failing_query_still_hands_out_the_listed_gpus_loudly(fake_gpus, smi_i
         (0, False, "unknown"), (1, False, "unknown")]
     assert gpus.problems(cluster, reports) == []
     assert [t.cuda_visible_devices for t in gpus.assign(cluster, reports).tasks] == ["0", "1"]
+    assert gpus.preflight_cell(reports[cluster.tasks[0].machine.key]) == "2?"
     warning = "WARNING: infoROM is corrupted at gpu 0000:10:00.0"
     assert gpus.warnings(cluster, reports) == [
         "localhost: nvidia-smi -L failed (exit 14): %s; GPU occupancy and health unknown, its 2 "
@@ -213,6 +227,19 @@ def test_nvidia_smi_without_a_usable_gpu_is_an_error_naming_the_host(case, fake_
     table, _ = gpustable.rows([cluster.tasks[0].machine], {
         cluster.tasks[0].machine.key: gpuinfo.host_gpus()})
     assert table == [("localhost", "-", "ERROR: " + error, "", "", "", "")]
+    assert gpus.preflight_cell(reports[cluster.tasks[0].machine.key]) == "error"
+
+
+def test_an_agent_not_yet_synced_keeps_its_meaning():
+    """Before "absent", an agent said "error" for a host without nvidia-smi too."""
+    cluster = worker_cluster(1)
+    old = PreflightReport(python_ok=True, gpu_facts={"driver": None, "gpus": [],
+                                                    "error": "nvidia-smi did not answer"})
+    assert gpus.problems(cluster, {cluster.tasks[0].machine.key: old}) == []
+    assert gpus.preflight_cell(old) == "0"
+    machine = cluster.tasks[0].machine
+    assert gpustable.rows([machine], {machine.key: old.gpu_facts}) == (
+        [("localhost", "-", "no GPU (nvidia-smi did not answer)", "", "", "", "")], [])
 
 
 def test_without_nvidia_smi_a_host_simply_has_no_gpu(smi_in_process):

@@ -186,6 +186,12 @@ SHARE_HINT = "share it knowingly (--share-busy-gpus or tfcluster_gpu_share: true
 MIG_HINT = "disable MIG mode (`nvidia-smi -i %d -mig 0` as root, then reset the GPU)"
 
 
+def host_error(found):
+    """Why a host's nvidia-smi is there but gives no usable GPU, or None. An agent older than
+    "absent" said "error" for a host without nvidia-smi too (a code not yet synced): not one."""
+    return found.get("error") if "absent" in found else None
+
+
 def wants_gpus(tasks):
     return any(t.gpus_listed or t.job in TRAINING_JOBS for t in tasks)
 
@@ -196,7 +202,7 @@ def host_problems(machine, tasks, reports):
     report = reports.get(machine.key)
     if report is None or not report.reached:
         return []
-    error = report.gpu_facts.get("error")
+    error = host_error(report.gpu_facts)
     if error and machine.gpu_count != 0 and wants_gpus(tasks):
         return [GpuProblem("%s: %s: its GPUs cannot be used and its tasks would run on CPU: "
                            "check the GPUs and the driver on the host (a lost GPU needs a "
@@ -218,7 +224,7 @@ def preflight_cell(report):
     """The preflight table's GPUS: how many -L lists, "?" after it when their facts are partly
     unknown (a warning says why), "error" when nvidia-smi failed (an error line says how)."""
     found = report.gpu_facts or {}
-    if found.get("error"):
+    if host_error(found):
         return "error"
     return "%d%s" % (len(report.gpus), "?" if found.get("warning") else "")
 

@@ -39,13 +39,12 @@ def rows(machines, outcomes):
             reason = found.reason if isinstance(found, HostError) else str(found)
             table.append((machine.label, "-", "unreachable: " + reason, "", "", "", ""))
             continue
-        if found.get("error"):
+        if gpus.host_error(found):
             table.append((machine.label, "-", "ERROR: " + found["error"], "", "", "", ""))
             continue
         if not found["gpus"]:
-            table.append((machine.label, "-", "no GPU (%s)" % (found.get("absent") or
-                                                              "nvidia-smi lists none"),
-                          "", "", "", ""))
+            why = found.get("absent") or found.get("error") or "nvidia-smi lists none"
+            table.append((machine.label, "-", "no GPU (%s)" % why, "", "", "", ""))
             continue
         if found.get("warning"):
             notes.append("warning: %s: %s" % (machine.label, found["warning"]))

@@ -21,7 +21,7 @@ from tfcluster_agent import gpuclaims
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu",
               "ecc.errors.uncorrected.volatile.total", "retired_pages.pending", "mig.mode.current",
               "driver_version")
-REQUIRED = ("index", "uuid", "gpu_uuid")  # a row without them matches no listed GPU
+REQUIRED = ("index", "uuid", "gpu_uuid", "pid")  # a row without them matches nothing
 APP_FIELDS = ("gpu_uuid", "pid", "used_memory")
 # Row-remapping failure is no --query-gpu field: nvidia-smi answers it with a query of its own,
 # --query-remapped-rows (Ampere and later; older boards answer an error, read as "unknown").
@@ -279,11 +279,6 @@ def host_gpus(nvidia_smi="nvidia-smi", own_claims=(), deadline=DEADLINE):
     if why:
         warnings.append("GPU occupancy and health unknown, its %d GPU(s) from nvidia-smi -L are "
                         "handed out unchecked: %s" % (len(listed), why))
-    if dropped:
-        warnings.append("nvidia-smi answers %s (an older driver or board): its GPUs are "
-                        "checked without %s" % (" ".join('`Field "%s" is not a valid field to '
-                                                         'query.`' % f for f in dropped),
-                                                ", ".join(dropped)))
     rows = {}
     for row in gpu_rows or ():
         rows[value(row["uuid"])] = row
@@ -294,10 +289,12 @@ def host_gpus(nvidia_smi="nvidia-smi", own_claims=(), deadline=DEADLINE):
                         "occupancy and health are unknown" % ", ".join(map(str, missing)))
     remap_rows, _, _ = query(smi, "--query-remapped-rows", REMAP_FIELDS) if gpu_rows else \
         (None, None, None)
-    remapped = {value(r["gpu_uuid"]): yes(r["remapped_rows.failure"]) for r in remap_rows or ()}
+    # Silent when it fails: boards before Ampere have no row remapping to ask about.
+    remapped = {value(r["gpu_uuid"]): yes(r.get("remapped_rows.failure", ""))
+                for r in remap_rows or ()}
     gpus = [gpu_facts(g, rows.get(g["uuid"]), remapped, own_claims) for g in listed]
     by_uuid = {g["uuid"]: g for g in gpus}
-    app_rows, _, app_why = query(smi, "--query-compute-apps", APP_FIELDS)
+    app_rows, app_dropped, app_why = query(smi, "--query-compute-apps", APP_FIELDS)
     if app_why and not why:
         warnings.append("the processes on its GPUs are unknown: " + app_why)
     for row in app_rows or ():
@@ -305,8 +302,14 @@ def host_gpus(nvidia_smi="nvidia-smi", own_claims=(), deadline=DEADLINE):
         if gpu is None or pid is None:
             continue
         user, command = process_owner(pid)
-        gpu["processes"].append({"pid": pid, "used_memory": number(row["used_memory"]),
+        gpu["processes"].append({"pid": pid, "used_memory": number(row.get("used_memory", "")),
                                  "user": user, "command": command})
+    dropped += app_dropped
+    if dropped:
+        warnings.append("nvidia-smi answers %s (an older driver or board): its GPUs are "
+                        "checked without %s" % (" ".join('`Field "%s" is not a valid field to '
+                                                         'query.`' % f for f in dropped),
+                                                ", ".join(dropped)))
     found["gpus"] = sorted(gpus, key=lambda g: g["index"])
     found["warning"] = "; ".join(warnings) or None
     return found
