@@ -31,7 +31,8 @@ def smi(*args):
     if out.returncode != 0:
         raise Failed("nvidia-smi %s failed (exit %d): %s" % (" ".join(args), out.returncode,
                                                             (out.stdout + out.stderr).strip()))
-    return [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+    return [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines()
+            if line.strip()]
 
 
 def register_with_fake(indices, mib):

@@ -75,9 +75,11 @@ def test_the_fake_answers_as_the_documentation_says(fake_gpus, monkeypatch):
     code, out = ask_fake(monkeypatch, state(), "--query-gpu=index,mig.mode.current,utilization.gpu,"
                          "ecc.errors.uncorrected.volatile.total,retired_pages.pending", QUERY)
     assert code == 0 and out.splitlines()[:3] == [
-        "0, Disabled, 0, 0, No", "1, Enabled, [N/A], 0, No", "2, Disabled, 0, [N/A], [Not Supported]"]
+        "0, Disabled, 0, 0, No", "1, Enabled, [N/A], 0, No",
+        "2, Disabled, 0, [N/A], [Not Supported]"]
     for field, unknown in (("retired_pages.pending", ["retired_pages.pending"]), ("no.such", [])):
-        assert ask_fake(monkeypatch, state(unknown_fields=unknown), "--query-gpu=index,%s" % field, QUERY) == (
+        asked = "--query-gpu=index,%s" % field
+        assert ask_fake(monkeypatch, state(unknown_fields=unknown), asked, QUERY) == (
             2, 'Field "%s" is not a valid field to query.\n\n' % field)
     fake_gpus.set(1, lost=True, mig=[])
     code, out = ask_fake(monkeypatch, state(unknown_fields=[]), "-L")
@@ -86,9 +88,10 @@ def test_the_fake_answers_as_the_documentation_says(fake_gpus, monkeypatch):
         "system to recover this GPU")
     fake_gpus.set(1, lost=False, inforom_corrupted=True)
     code, out = ask_fake(monkeypatch, state(), "-L")
-    assert code == 14 and out.splitlines()[-1] == "WARNING: infoROM is corrupted at gpu 0000:11:00.0"
+    assert code == 14 and out.splitlines()[-1] == (
+        "WARNING: infoROM is corrupted at gpu 0000:11:00.0")
     assert ask_fake(monkeypatch, state(no_devices=True), "-L") == (6, "No devices were found\n")
-    code, out = ask_fake(monkeypatch, os.path.join(os.path.dirname(fake_gpus.path), "none.json"), "-L")
+    code, out = ask_fake(monkeypatch, fake_gpus.path + ".none", "-L")
     assert code == 9 and out.startswith("NVIDIA-SMI has failed because it couldn't communicate")
 
 
