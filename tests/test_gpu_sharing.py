@@ -19,10 +19,10 @@ from conftest import (REPO, free_port_block, local_inventory_text, processes_mat
                       stop_leftovers, stopped_by_lease, tfcluster, wait_for)
 from tfcluster import gpus
 from tfcluster.inventory import Machine, Slot, load_slots
+from tfcluster.record import PreflightReport
 from tfcluster.spec import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import PreflightReport
 
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
 FAKE_TASK = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
@@ -670,6 +670,15 @@ def pwd_name(uid):
 
 # ------------------------------------------------------------------ tfcluster gpus
 
+def outcomes_of(found):
+    """Hosts.each's Outcomes of {machine key: GPU facts or HostError}."""
+    from tfcluster.hosts import HostError, Outcomes
+    outcomes = Outcomes()
+    for key, value in found.items():
+        (outcomes.failed if isinstance(value, HostError) else outcomes.succeeded)[key] = value
+    return outcomes
+
+
 def table_rows(text):
     """The table's rows, each split on runs of 2+ spaces."""
     import re
@@ -681,12 +690,12 @@ def test_gpus_table_rows_for_unreachable_and_gpu_less_hosts():
     from tfcluster import gpustable
     from tfcluster.hosts import HostError
     down, bare, broken = (Machine(address=a) for a in ("gpu07", "cpu01", "gpu08"))
-    table, notes = gpustable.rows([down, bare, broken], {
+    table, notes = gpustable.rows([down, bare, broken], outcomes_of({
         down.key: HostError(down, "cannot connect: timed out"),
         bare.key: {"driver": None, "gpus": [], "error": None,
                    "absent": "nvidia-smi: No such file or directory"},
         broken.key: {"driver": None, "gpus": [], "absent": None,
-                     "error": "nvidia-smi -L failed (exit 6): No devices were found"}})
+                     "error": "nvidia-smi -L failed (exit 6): No devices were found"}}))
     lines = gpustable.render(table).splitlines()
     assert lines[1].startswith("gpu07  -    unreachable:")
     assert "cannot connect: timed out" in lines[1]

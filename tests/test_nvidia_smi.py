@@ -20,13 +20,13 @@ import time
 import pytest
 
 from conftest import REPO, processes_matching
-from test_gpu_sharing import (FAKE_SMI, fake_gpus, local_slots, reports_for,  # noqa: F401
-                              smi_in_process)
+from test_gpu_sharing import (FAKE_SMI, fake_gpus, local_slots, outcomes_of,  # noqa: F401
+                              reports_for, smi_in_process)
 from tfcluster import gpus, gpustable
 from tfcluster.inventory import Machine, Slot
 from tfcluster.spec import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
-from tfcluster_agent.runmodel import PreflightReport
+from tfcluster.record import PreflightReport
 
 SAVED = os.path.join(REPO, "tests", "data", "nvidia-smi")
 
@@ -227,8 +227,8 @@ def test_nvidia_smi_without_a_usable_gpu_is_an_error_naming_the_host(case, fake_
     for other in (worker_cluster(2, gpu_count=0), build_cluster([Slot(
             "ps0", "ps", Machine(address="localhost", connection="local"), port_base=24000)])):
         assert gpus.problems(other, reports_for(other)) == []
-    table, _ = gpustable.rows([cluster.tasks[0].machine], {
-        cluster.tasks[0].machine.key: gpuinfo.host_gpus()})
+    table, _ = gpustable.rows([cluster.tasks[0].machine], outcomes_of({
+        cluster.tasks[0].machine.key: gpuinfo.host_gpus()}))
     assert table == [("localhost", "-", "ERROR: " + error, "", "", "", "")]
     assert gpus.preflight_cell(reports[cluster.tasks[0].machine.key]) == "error"
 
@@ -241,7 +241,7 @@ def test_an_agent_not_yet_synced_keeps_its_meaning():
     assert gpus.problems(cluster, {cluster.tasks[0].machine.key: old}) == []
     assert gpus.preflight_cell(old) == "0"
     machine = cluster.tasks[0].machine
-    assert gpustable.rows([machine], {machine.key: old.gpu_facts}) == (
+    assert gpustable.rows([machine], outcomes_of({machine.key: old.gpu_facts})) == (
         [("localhost", "-", "no GPU (nvidia-smi did not answer)", "", "", "", "")], [])
 
 
@@ -320,7 +320,8 @@ def test_a_holder_reads_the_same_in_the_table_and_the_preflight(fake_gpus, smi_i
         reports = reports_for(cluster)
         lines = gpus.problems(cluster, reports)
         machine = cluster.tasks[0].machine
-        table, _ = gpustable.rows([machine], {machine.key: reports[machine.key].gpu_facts})
+        table, _ = gpustable.rows([machine], outcomes_of({
+            machine.key: reports[machine.key].gpu_facts}))
     finally:
         claims.release()
     holders = [row[-1] for row in table]
