@@ -22,7 +22,7 @@ from tfcluster.stall import RunStalled, StallFollower
 from tfcluster_agent import protocol as P
 from tfcluster_agent import stall
 from tfcluster_agent import supervisor as S
-from tfcluster_agent.runmodel import TaskStatus
+from tfcluster.record import TaskStatus
 
 STACKS_DIR = os.path.join(REPO, "tfcluster_agent", "stacks")
 

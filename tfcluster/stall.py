@@ -64,47 +64,37 @@ def cmd_stacks(args):
         raise UsageError("run %s has ended (%s): its tasks have no stacks any more; "
                          "`tfcluster runs` lists the runs" % (record.id, record.state))
     cluster = manage.cluster_from_record(record)
-    hosts = Hosts([m for m, _ in cluster.machines()])
-    try:
-        stacks, problems = take_stacks(hosts, cluster, record.id, record.dir, open_links=True)
-    finally:
-        hosts.close()
+    with Hosts([m for m, _ in cluster.machines()]) as hosts:
+        stacks, problems = take_stacks(hosts, cluster, record.id, record.dir)
     print_stacks(reporter, cluster, record.dir, stacks, problems)
     if not stacks:
         raise RunFailed("no stacks from any host of run %s" % record.id)
     return 0
 
 
-def take_stacks(hosts, cluster, run_id, record_dir, open_links=False):
+def take_stacks(hosts, cluster, run_id, record_dir):
     """({label: text}, [problems]): every task's stacks, saved in RECORD_DIR/stacks/NAME.txt."""
-    from tfcluster.hosts import HostError
     from tfcluster.taskenv import host_run_dir
     from tfcluster.teardown import write_private
     from tfcluster_agent.stall import DUMP_SECONDS, TakeStacks
 
     def take(link):
-        if open_links:
-            link.open()
         mine = [t.name for t in cluster.tasks if t.machine.key == link.machine.key]
         return link.request(TakeStacks(run_dir=host_run_dir(link.machine, run_id), names=mine),
                             timeout=DUMP_SECONDS + 20, what="to send the stacks").report
 
     machines = [m for m, _ in cluster.machines()]
     outcomes = hosts.each(take, machines, timeout=DUMP_SECONDS + 60)
-    stacks, problems = {}, []
+    stacks = {}
     os.makedirs(os.path.join(record_dir, "stacks"), exist_ok=True)
     for machine, tasks in cluster.machines():
-        answer = outcomes[machine.key]
-        if isinstance(answer, Exception):
-            problems.append("%s: %s" % (machine.label, answer.reason
-                                        if isinstance(answer, HostError) else answer))
-            continue
+        answer = outcomes.succeeded.get(machine.key, {})
         for task in tasks:
             text = answer.get("stacks", {}).get(task.name)
             if text is not None:
                 stacks[task.label] = text
                 write_private(os.path.join(record_dir, "stacks", task.name + ".txt"), text)
-    return stacks, problems
+    return stacks, outcomes.reasons(machines)
 
 
 def print_stacks(reporter, cluster, record_dir, stacks, problems):
