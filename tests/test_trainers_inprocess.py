@@ -16,9 +16,10 @@ import pytest
 
 from conftest import free_port_block
 from tfcluster_agent import protocol
-from trainers import (bootstrap, census_widendeep, cifar10, data_parallel, grpc_server,
-                      mnist_async, mnist_replica, mnist_towers, model_parallel,
-                      multi_worker_mirrored, ps_strategy)
+from trainers import (census_widendeep, cifar10, data_parallel, grpc_server, mnist_async,
+                      mnist_replica, mnist_towers, model_parallel, multi_worker_mirrored,
+                      ps_strategy)
+from trainers.common import bootstrap
 
 CIFAR_TINY = {"dataset": "synthetic", "batch_size": 16, "conv_filters": 4, "fc_units": "16,8",
               "image_size": 16, "eval_examples": 100,
@@ -237,10 +238,10 @@ def test_the_environment_is_read_at_the_entry_point_only():
     """Library code takes what it needs as arguments: only main_guard, the entry point every
     trainer's __main__ calls, touches os.environ and sys.argv."""
     import pathlib
-    folder = pathlib.Path(bootstrap.__file__).parent
-    readers = {path.name for path in folder.glob("*.py")
+    folder = pathlib.Path(bootstrap.__file__).parent.parent
+    readers = {str(path.relative_to(folder)) for path in folder.rglob("*.py")
                if "os.environ" in path.read_text() or "sys.argv" in path.read_text()}
-    assert readers == {"bootstrap.py"}
+    assert readers == {"common/bootstrap.py"}
     source = pathlib.Path(bootstrap.__file__).read_text()
     outside = [line for line in source.split("\ndef ")
                if ("os.environ" in line or "sys.argv" in line)

@@ -10,7 +10,7 @@ and print the test accuracy and loss.
 """
 import math
 
-from trainers import bootstrap, data, loop, sessions
+from trainers.common import bootstrap, data, loop, sessions
 
 AGE_BOUNDARIES = [18.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0, 55.0, 60.0, 65.0]
 # Hash buckets of each categorical column (wide weights and deep embeddings alike).

@@ -25,7 +25,7 @@ before it exits, so no worker is left talking to a master that is gone.
 
 The model: one hidden ReLU layer and softmax, gradient descent on the averaged gradient.
 """
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
 
 MASTER_JOB = "chief"
 

@@ -3,7 +3,7 @@
 For clusters whose servers are started apart from the training program (mnist_replica
 --existing_servers connects to them).
 """
-from trainers import bootstrap, sessions
+from trainers.common import bootstrap, sessions
 
 
 def build_parser():

@@ -14,7 +14,7 @@ a sigmoid network in 20 epochs). At the end every worker prints `Test-Accuracy`,
 """
 import math
 
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
 
 
 def build_parser():

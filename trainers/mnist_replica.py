@@ -4,7 +4,7 @@ One hidden ReLU layer and softmax, Adam; variables on the ps tasks through repli
 asynchronous by default, synchronous with --sync_replicas (SyncReplicasOptimizer). Training ends
 when the global step reaches --train_steps; each worker then prints its validation cross entropy.
 """
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
 
 
 def build_parser():

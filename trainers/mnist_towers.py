@@ -13,7 +13,7 @@ session there; without one it runs in-process. The chief checkpoints; a new run 
 --checkpoint_dir resumes from the saved global step.
 """
 
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
 
 KERNEL = 5
 CONV_DEPTHS = (16, 32)

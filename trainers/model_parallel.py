@@ -10,7 +10,7 @@ The result line reports `placement`, the device every variable was assigned, and
 step (from TensorFlow's step stats); --print_placement also logs them. With more ps tasks the
 layers go to ps tasks 0 and 1; with a single ps task both layers share it.
 """
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
 
 def build_parser():
     parser = bootstrap.trainer_parser(__doc__)

@@ -12,7 +12,7 @@ import tempfile
 
 import numpy as np
 
-from trainers import bootstrap, data, loop, models
+from trainers.common import bootstrap, data, loop, models
 
 COLLECTIVES = ("auto", "ring", "nccl")
 

@@ -12,7 +12,7 @@ serve until stopped: TensorFlow has no remote shutdown).
 """
 import numpy as np
 
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
 
 PARTITIONERS = ("fixed", "min_size", "none")
 

@@ -15,7 +15,7 @@ gradients and what the reply carries:
                them
   multi_ps     like hogwild, but every variable is partitioned across 2+ ps tasks and the
                reply waits for this worker's update
-Every mode but sync divides the learning rate by workers + 1 (see cifar10.py).
+Every mode but sync divides the learning rate by workers + 1 (see __init__.py).
 
 Each step returns what it observed, so a test can check a mode by what happened:
   version      the global step read just after the parameters a reply carried: never older
@@ -30,7 +30,7 @@ local step, version and applied_to of every gradient it applied.
 """
 import threading
 
-from trainers import cifar10_model as model
+from trainers.cifar10 import model
 
 MODES = ("sync", "async", "async_stale", "hogwild", "multi_ps")
 COUNTERS = ("pushed", "applied", "done_workers")
@@ -86,7 +86,7 @@ def build(dataset, args, info, learning_rate):
         images, labels = model.inputs(tf, args, "train")
         loss, _ = model.loss_and_accuracy(tf, model.inference(tf, images, local), labels)
         grads = tf.gradients(loss, local)
-        if args.clip_norm > 0:  # one stale gradient must not throw the model off (cifar10.py)
+        if args.clip_norm > 0:  # one stale gradient must not throw the model off (__init__.py)
             grads, _ = tf.clip_by_global_norm(grads, args.clip_norm)
         version_in = v1.placeholder(tf.int64, [], name="version_in")
         local_step_in = v1.placeholder(tf.int64, [], name="local_step_in")

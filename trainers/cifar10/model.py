@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 
-from trainers import data
+from trainers.common import data
 
 
 def add_model_flags(parser):

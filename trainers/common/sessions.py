@@ -3,7 +3,7 @@ its session (between-graph replication with device filters, or in-process withou
 the start barrier, and checkpoints. Host side: TensorFlow and the standard library only."""
 import os
 
-from trainers import bootstrap
+from trainers.common import bootstrap
 
 # The shared variable every task increments at the start barrier.
 BARRIER = "tfcluster_start_barrier"

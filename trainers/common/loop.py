@@ -11,7 +11,7 @@ import socket
 import time
 
 from tfcluster_agent import protocol
-from trainers import bootstrap, data, models, sessions
+from trainers.common import bootstrap, data, models, sessions
 
 POINTS_PER_TASK = 10  # metrics points a task reports when --log_every is left at 0
 

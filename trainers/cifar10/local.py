@@ -4,7 +4,9 @@ The towers are mnist_towers' (the same devices, the same gradient average): GPUs
 has enough of them, else logical CPU devices. The variables live on the CPU; each tower computes
 the gradients of its slice of the batch on its device, the CPU averages and applies them.
 """
-from trainers import bootstrap, cifar10_model as model, loop, mnist_towers, models, sessions
+from trainers import mnist_towers
+from trainers.cifar10 import model
+from trainers.common import bootstrap, loop, models, sessions
 
 
 def build_local(dataset, args, devices):

@@ -200,8 +200,9 @@ def log(message):
     print(message, flush=True)
 
 
-def make_parser(description):
-    return argparse.ArgumentParser(description=description,
+def make_parser(description, prog=None):
+    """PROG: the program's name in usage lines (default: the file run, argv[0])."""
+    return argparse.ArgumentParser(prog=prog, description=description,
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
 

@@ -1,7 +1,7 @@
 """CIFAR-10 CNN: five ways of sharing parameters on ps tasks, or device towers on one host.
 
-Seed 004. The network and its inputs are in cifar10_model.py, the ps modes (sync, async,
-async_stale, hogwild, multi_ps) in cifar10_modes.py, the local towers in cifar10_local.py; this
+Seed 004. The network and its inputs are in model.py, the ps modes (sync, async,
+async_stale, hogwild, multi_ps) in modes.py, the local towers in local.py; this
 file holds the flags and a worker's training loop. Plain SGD, --learning_rate 0.1, batch 128.
 
 Every ps mode clips each worker's gradient to global norm 5 (--clip_norm; at the start the
@@ -19,14 +19,15 @@ gradient can throw the model off, hence the clipping.
 """
 import time
 
-from trainers import bootstrap, cifar10_local, cifar10_model as model, cifar10_modes as modes
-from trainers import loop, models, sessions
+from trainers.cifar10 import local, model, modes
+from trainers.common import bootstrap, loop, models, sessions
 
 MODES = modes.MODES + ("local",)
 
 
 def build_parser():
-    parser = bootstrap.make_parser(__doc__.splitlines()[0])
+    # A package run by -m: its usage lines name the program, not its __main__.py.
+    parser = bootstrap.make_parser(__doc__.splitlines()[0], prog="cifar10.py")
     bootstrap.add_cluster_flags(parser)
     parser.add_argument("--mode", default="sync", help="one of: " + ", ".join(MODES))
     parser.add_argument("--data_dir", default="/tmp/cifar10_data",
@@ -208,7 +209,7 @@ def run(options, cluster, env=None):
     args = bootstrap.options(build_parser(), options)
     check_mode(args.mode)
     if args.mode == "local":
-        return cifar10_local.run(args, cluster, env)
+        return local.run(args, cluster, env)
     check_mode(args.mode, cluster)
     return sessions.run_between_graph(
         cluster, lambda: model.load(args),
@@ -227,7 +228,3 @@ def main(argv, environ):
     if not local:
         bootstrap.graph_mode()  # local mode makes its devices first, then turns graph mode on
     return bootstrap.report_and_exit(run(args, cluster, bootstrap.TaskEnv.from_environ(environ)))
-
-
-if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
