@@ -8,7 +8,7 @@ import time
 
 import tensorflow as tf
 
-from tfcluster_agent import protocol
+from trainers import protocol  # as the README tells user programs to
 from trainers.common.loop import Scalars
 
 task = os.environ["TFCLUSTER_TASK"]  # e.g. worker:1

@@ -59,7 +59,7 @@ def total(tf, tensors):
     return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64)) for t in tensors])
 
 
-def build(dataset, args, info, learning_rate):
+def build_model(dataset, args, info, learning_rate):
     """The between-graph model of one worker in ps mode ARGS.mode; a dict of ops and tensors."""
     import tensorflow as tf
     v1 = tf.compat.v1
@@ -83,7 +83,7 @@ def build(dataset, args, info, learning_rate):
         local = [v1.get_variable("local/" + s[0], s[1], initializer=v1.zeros_initializer(),
                                  trainable=False, collections=[v1.GraphKeys.LOCAL_VARIABLES])
                  for s in specs]
-        images, labels = model.inputs(tf, args, "train")
+        images, labels = model.placeholders(tf, args, "train")
         loss, _ = model.loss_and_accuracy(tf, model.inference(tf, images, local), labels)
         grads = tf.gradients(loss, local)
         if args.clip_norm > 0:  # one stale gradient must not throw the model off (__init__.py)

@@ -16,16 +16,17 @@ from trainers.common import bootstrap, data, models, sessions
 POINTS_PER_TASK = 10  # metrics points a task reports when --log_every is left at 0
 
 
-def evaluate(sess, fetches, feed, x, y, batch_size=0):
-    """Mean of FETCHES (e.g. loss and accuracy tensors) over (x, y), fed by FEED((bx, by)) in
-    batches of BATCH_SIZE (0: all at once); a list of floats."""
+def evaluate(sess, model, x, y, feed=None, batch_size=0, fetches=("loss", "accuracy")):
+    """(loss, accuracy) of the graph-mode MODEL on (x, y): the means of its tensors FETCHES over
+    batches of BATCH_SIZE (0: all at once), fed by FEED((bx, by)) (default: MODEL's "x", "y")."""
+    feed = feed or feeder(model)
     size = batch_size or len(y)
     totals = [0.0] * len(fetches)
     for start in range(0, len(y), size):
         batch = x[start:start + size], y[start:start + size]
-        values = sess.run(list(fetches), feed_dict=feed(batch))
+        values = sess.run([model[name] for name in fetches], feed_dict=feed(batch))
         totals = [t + float(v) * len(batch[1]) for t, v in zip(totals, values)]
-    return [t / max(len(y), 1) for t in totals]
+    return tuple(t / max(len(y), 1) for t in totals)
 
 
 def feeder(model):
@@ -33,11 +34,12 @@ def feeder(model):
     return lambda batch: {model["x"]: batch[0], model["y"]: batch[1]}
 
 
-def test_evaluator(sess, model, dataset, feed=None, batch_size=0):
-    """EVALUATE() -> (loss, accuracy) of MODEL on DATASET's test set."""
-    feed = feed or feeder(model)
-    return lambda: tuple(evaluate(sess, [model["loss"], model["accuracy"]], feed,
-                                  dataset.test_x, dataset.test_y, batch_size))
+def build_inputs(dataset, info, args):
+    """A between-graph worker's endless shuffled batches of --batch_size from its shard of
+    DATASET's training set, seeded by --seed and its index."""
+    shard = dataset.shard(info.index, info.num_workers)
+    return data.batches(shard.train_x, shard.train_y, args.batch_size,
+                        seed=(args.seed, info.index))
 
 
 def num_gpus():
@@ -172,33 +174,44 @@ def run_step(sess, fetches, feed_dict, attempts=3):
             bootstrap.log("a ps refused a resent request (received twice); taking the step again")
 
 
+def train_step(sess, progress, fetches, feed_dict=None, task_device=None, options=None,
+               retry=False):
+    """One training step: FETCHES' values. The first step of PROGRESS runs traced, so that
+    progress.devices says where TensorFlow ran the compute of TASK_DEVICE (None: of this
+    process) and progress.step_stats where every node ran; the others run with the RunOptions
+    OPTIONS, or with RETRY taken again after a refused resend (run_step)."""
+    if progress.devices is None:
+        values, progress.step_stats = models.traced_run(sess, fetches, feed_dict)
+        progress.devices = models.placed_devices(progress.step_stats, task_device)
+        return values
+    if retry:
+        return run_step(sess, fetches, feed_dict)
+    return sess.run(fetches, feed_dict=feed_dict, options=options)
+
+
 def train_replica(info, sess, saver, args, model, dataset, target, feed=None, eval_batch_size=0):
     """A between-graph worker's loop on its shard of DATASET up to global step TARGET;
     returns (its Progress, stopped; EVALUATE() -> test (loss, accuracy)).
 
     MODEL: "global_step", "loss", "accuracy", and "step_after" (the global step read after this
     task's update) or "train_op"; FEED(batch) -> feed_dict (default: "x" and "y"). The first
-    step runs traced: Progress.devices says where TensorFlow ran this task's compute, and
-    Progress.step_stats where every node ran."""
+    step runs traced (train_step)."""
     feed = feed or feeder(model)
-    evaluate_fn = test_evaluator(sess, model, dataset, feed, eval_batch_size)
-    shard = dataset.shard(info.index, info.num_workers)
-    batches = data.batches(shard.train_x, shard.train_y, args.batch_size,
-                           seed=(args.seed, info.index))
+
+    def evaluate_test_set():
+        return evaluate(sess, model, dataset.test_x, dataset.test_y, feed, eval_batch_size)
+
+    batches = build_inputs(dataset, info, args)
     sessions.start_barrier(sess, info)
     start = int(sess.run(model["global_step"]))
-    initial_loss, initial_accuracy = evaluate_fn()
+    initial_loss, initial_accuracy = evaluate_test_set()
     progress = Progress(info, args, args.batch_size, start, initial_loss, initial_accuracy,
                         expected_steps=(target - start) / max(1, info.num_workers))
     step = start
     fetches = [model["loss"], model.get("step_after", model.get("train_op"))]
     while step < target:
-        feed_dict = feed(next(batches))
-        if progress.devices is None:
-            (loss, step), progress.step_stats = models.traced_run(sess, fetches, feed_dict)
-            progress.devices = models.placed_devices(progress.step_stats, info.device)
-        else:
-            loss, step = run_step(sess, fetches, feed_dict)
+        loss, step = train_step(sess, progress, fetches, feed(next(batches)), info.device,
+                                retry=True)
         if "step_after" not in model:
             # A fresh read: the step fetched with train_op may predate this update (#11753).
             step = sess.run(model["global_step"])
@@ -211,4 +224,4 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
         _, progress.step_stats = models.traced_run(
             sess, model["loss"], feed((dataset.test_x[:1], dataset.test_y[:1])))
         progress.devices = models.placed_devices(progress.step_stats, info.device)
-    return progress, evaluate_fn
+    return progress, evaluate_test_set
