@@ -339,7 +339,8 @@ def test_drift_on_one_machine_is_repaired_there_only(deployed):
     statuses = task_statuses(repair.stdout)
     assert ("common : Ensure the tfcluster folders exist", "ps1") not in statuses
     assert statuses[("common : Ensure the tfcluster folders exist", "worker1")] == "ok"
-    fixed = hosts.ssh("worker1", "stat -c %a /etc/tfcluster-firewall.nft {0}/trainers/common/loop.py && "
+    fixed = hosts.ssh("worker1", "stat -c %a /etc/tfcluster-firewall.nft "
+                                 "{0}/trainers/common/loop.py && "
                                  "cat {0}/data/tiny/tiny.txt && nft list table inet tfcluster "
                                  ">/dev/null".format(ROOT))
     assert fixed.returncode == 0, fixed.stderr

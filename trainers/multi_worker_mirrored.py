@@ -29,6 +29,7 @@ def checksum(model):
 
 
 def train(info, strategy, dataset, args):
+    """This worker's synchronous loop to --train_steps; returns the results dict."""
     import tensorflow as tf
     workers = strategy.num_replicas_in_sync
     if args.batch_size % workers:

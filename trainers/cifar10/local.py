@@ -1,8 +1,9 @@
 """CIFAR-10 on one host: --num_devices towers averaging their gradients (seeds 004 and 003).
 
 The towers are mnist_towers' (common/towers.py: the same devices, the same gradient average):
-GPUs when the host has enough of them, else logical CPU devices. The variables live on the CPU; each tower computes
-the gradients of its slice of the batch on its device, the CPU averages and applies them.
+GPUs when the host has enough of them, else logical CPU devices. The variables live on the CPU;
+each tower computes the gradients of its slice of the batch on its device, the CPU averages and
+applies them.
 """
 from trainers.cifar10 import model
 from trainers.common import bootstrap, loop, sessions, towers
