@@ -35,9 +35,9 @@ class TaskEnv:
                    inter_op_threads=int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0))
 
 
-class ClusterInfo:
-    """This task's place in the cluster: {job: [host:port]}, its job name and index, and its
-    environment (a TaskEnv).
+class ClusterInfo(protocol.TaskNames):
+    """This task's place in the cluster: {job: [host:port]}, its job name and index, its label
+    (worker:0) and file name (worker-0), and its environment (a TaskEnv).
 
     IN_PROCESS: no server; every job's devices are this process's (a local session, soft
     placement), so a between-graph program runs as one task in a test."""
@@ -48,8 +48,6 @@ class ClusterInfo:
         self.index = index
         self.env = env or TaskEnv()
         self.in_process = in_process
-        self.label = protocol.task_label(job, index)         # worker:0, in metrics and results
-        self.name = protocol.task_file_name(job, index)      # worker-0, in file names
 
     @property
     def num_workers(self):
