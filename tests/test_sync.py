@@ -99,7 +99,7 @@ def test_only_host_code_makes_a_host_stale(tmp_path, capsys, monkeypatch):
         copy.write_text(copy.read_text() + edit)
         assert code_hash(str(root)) == code_hash(str(code)), path
     assert "0 file(s) sent" in sync_lines(capsys, "-i", inventory)[0]
-    for path in (taskspec.__file__, os.path.join(REPO, "trainers", "loop.py")):
+    for path in (taskspec.__file__, os.path.join(REPO, "trainers", "common", "loop.py")):
         copy = code / os.path.relpath(path, REPO)
         before = code_hash(str(code))
         copy.write_text(copy.read_text() + "\n# edited\n")
