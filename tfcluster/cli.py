@@ -76,6 +76,12 @@ class Commands:
         parser = self.subparsers.add_parser(name, **kwargs)
         return parser if self.only in (None, name) else Unbuilt()
 
+    @property
+    def choices(self):
+        """{name: its parser}, as argparse's subparsers have it."""
+        return {name: parser if self.only in (None, name) else Unbuilt()
+                for name, parser in self.subparsers.choices.items()}
+
 
 class Unbuilt:
     """A command's parser that this run does not parse with: what is added to it is dropped."""

@@ -9,7 +9,6 @@ import collections
 import os
 import queue
 import shlex
-import socket
 import subprocess
 import threading
 import time
@@ -99,7 +98,7 @@ class AgentLink:
                     self.replies.put(msg)
                 elif not isinstance(msg, P.Heartbeat):
                     self.events.put((self.machine.key, msg))
-        except (OSError, socket.error, EOFError):
+        except (OSError, EOFError):  # socket.error is OSError
             pass
         finally:
             _close_quietly(stream)  # its end: nothing else reads it
@@ -111,7 +110,7 @@ class AgentLink:
         try:
             for raw in stream:
                 self._stderr.append(raw.decode("utf-8", "replace").rstrip())
-        except (OSError, socket.error, EOFError):
+        except (OSError, EOFError):  # socket.error is OSError
             pass
         finally:
             _close_quietly(stream)
@@ -242,7 +241,7 @@ def no_python(machine):
 def describe_connection_error(err, machine):
     name = type(err).__name__
     text = str(err) or name
-    if isinstance(err, socket.timeout) or "timed out" in text.lower():
+    if isinstance(err, TimeoutError) or "timed out" in text.lower():  # socket.timeout is one
         return ("cannot connect within %gs (tfcluster_connect_timeout): is the host up and "
                 "reachable on port %d?" % (machine.connect_timeout, machine.ssh_port))
     if name == "AuthenticationException":

@@ -11,7 +11,6 @@ import time
 
 from tfcluster import gpuqueue, runs
 from tfcluster.catalog import check_templates
-from tfcluster.diagnose import collective_abort_cause
 from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
 from tfcluster.hosts import Hosts
@@ -280,6 +279,7 @@ class Launch:
                     message = "%s on %s %s before it listened on %s" % (
                         task.label, task.machine.address,
                         describe_exit(monitor.states[task.label]), task.address)
+                from tfcluster.diagnose import collective_abort_cause  # a failure's: its regexes
                 message = collective_abort_cause(cluster, monitor.states, monitor.ended_at, task,
                                                  monitor.tails[task.label]) or message
                 return RunFailed(message, task=task), []
