@@ -267,7 +267,7 @@ def main(argv=None):
 
 
 def cmd_launch(args):
-    from tfcluster import catalog, launcher
+    from tfcluster import catalog
     from tfcluster.inventory import load_slots
     user_args = list(args.trainer_args)
     if args.cmd and args.example:
@@ -290,6 +290,31 @@ def cmd_launch(args):
         extra_env[name] = value
     # A count flag given as 'all' is None: every slot of that group.
     counts = {job: getattr(args, flag) for job, flag in COUNT_FLAGS if hasattr(args, flag)}
+    planned = None
+    if not (args.sync or args.baseline):  # those start agents after a sync, or twice
+        planned = planned_launch(args.inventory, example, counts, load_slots)
+    try:
+        return launch_planned(args, example, counts, extra_env, user_args, load_slots, planned)
+    except BaseException:
+        if planned is not None:
+            planned[1].close()  # its agents, when the launch failed before it took them
+        raise
+
+
+def planned_launch(inventory, example, counts, load_slots):
+    """(cluster, its Hosts) with the local agents starting: the launcher's modules are imported
+    while they do (an agent's start is the longest wait of a short launch)."""
+    from tfcluster.hosts import Hosts
+    from tfcluster.plan import launch_counts, make_cluster
+    cluster = make_cluster(inventory, load_slots(inventory), launch_counts(example, counts),
+                           example)
+    hosts = Hosts([m for m, _ in cluster.machines()])
+    hosts.spawn_local()
+    return cluster, hosts
+
+
+def launch_planned(args, example, counts, extra_env, user_args, load_slots, planned):
+    from tfcluster import launcher
     options = launcher.LaunchOptions(
         example=example, runs_dir=args.runs_dir, run_id=args.run_id, detach=args.detach,
         timeout=args.timeout, user_args=tuple(user_args), smoke=args.smoke, counts=counts,
@@ -306,7 +331,7 @@ def cmd_launch(args):
     # --logs shows the raw streams: every line, as the tasks wrote them.
     reporter = make_reporter(args.plain, args.verbose or args.logs, args.logs, sys.stdout)
     try:
-        return launcher.launch(args.inventory, options, load_slots, reporter)
+        return launcher.launch(args.inventory, options, load_slots, reporter, planned)
     finally:
         reporter.close()
 

@@ -54,6 +54,19 @@ class AgentLink:
         FIRST, a request, goes out at once behind the start (its reply: `reply_to`), so that
         starting the agent and its first answer cost one round trip, not two."""
         timeout = timeout or self.machine.connect_timeout + 20
+        if not self._readers:
+            self.spawn()
+        if first is not None:
+            self.send(first)
+        reply = self._wait_reply(timeout, "to start its agent")
+        if not isinstance(reply, P.Hello):
+            raise HostError(self.machine, "the agent answered %r instead of hello" % (reply,))
+        self.hello = reply
+        return self
+
+    def spawn(self):
+        """Start the agent (for a remote machine: connect and start it) without waiting for its
+        hello; HostError when it cannot be started."""
         argv = agent_argv(self.machine.python, os.path.dirname(self.agent_path))
         try:
             if self.machine.is_local:
@@ -77,13 +90,6 @@ class AgentLink:
                          threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True)]
         for reader in self._readers:
             reader.start()
-        if first is not None:
-            self.send(first)
-        reply = self._wait_reply(timeout, "to start its agent")
-        if not isinstance(reply, P.Hello):
-            raise HostError(self.machine, "the agent answered %r instead of hello" % (reply,))
-        self.hello = reply
-        return self
 
     def _read(self, stream):
         try:
@@ -342,6 +348,16 @@ class Hosts:
             if key not in outcomes.succeeded and key not in outcomes.failed:
                 outcomes.failed[key] = HostError(link.machine, "no answer within %gs" % timeout)
         return outcomes
+
+    def spawn_local(self):
+        """Start the local machines' agents now (a process each, no waiting); one that cannot
+        start says why when its link is opened."""
+        for link in self.links.values():
+            if link.machine.is_local:
+                try:
+                    link.spawn()
+                except HostError:
+                    pass
 
     def start_pinging(self):
         """A ping a second to every agent: the lease of an attached run."""
