@@ -75,6 +75,15 @@ def start(agent, run_dir, tasks, lease=0.0):
     assert isinstance(reply, P.Accepted), reply
 
 
+def exit_codes(agent, count):
+    """{task name: exit code} of the next COUNT tasks to exit."""
+    exits = {}
+    while len(exits) < count:
+        msg = agent.next(P.Exited)
+        exits[msg.name] = msg.code
+    return exits
+
+
 def outputs(agent, name):
     return "".join(m.text for m in agent.seen if isinstance(m, P.Output) and m.name == name)
 
@@ -84,10 +93,7 @@ def test_tasks_stream_output_and_exit_status_and_keep_secrets(agent, tmp_path):
     start(agent, run_dir, [
         {"name": "worker-0", "command": "echo hello; echo $GREETING", "env": {"GREETING": "s3cr3t"}},
         {"name": "worker-1", "command": "echo failing >&2; exit 3"}])
-    exits = {}
-    while len(exits) < 2:
-        msg = agent.next(P.Exited)
-        exits[msg.name] = msg.code
+    exits = exit_codes(agent, 2)
     assert exits == {"worker-0": 0, "worker-1": 3}
     assert outputs(agent, "worker-0") == "hello\ns3cr3t\n"
     assert "failing" in outputs(agent, "worker-1")
@@ -135,10 +141,7 @@ def test_a_task_starts_as_popen_started_it(agent, tmp_path):
         {"name": "worker-0", "port": port, "await_listening": False,
          "command": "yes | head -n 1; ls -l /proc/$$/fd | grep -c tfcluster || true"},
         {"name": "worker-1", "command": "echo never", "cwd": str(tmp_path / "missing")}])
-    exits = {}
-    while len(exits) < 2:
-        msg = agent.next(P.Exited)
-        exits[msg.name] = msg.code
+    exits = exit_codes(agent, 2)
     assert exits == {"worker-0": 0, "worker-1": 127}
     # With SIGPIPE ignored, `yes` would go on and complain of a broken pipe.
     assert outputs(agent, "worker-0") == "y\n0\n"
