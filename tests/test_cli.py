@@ -72,17 +72,20 @@ def test_readme_quick_start_commands():
 
 
 def test_a_command_parsed_alone_reads_as_with_every_command_built(capsys):
-    """main builds only the named command's arguments (cli.named_command): every command's help
+    """main builds only the named command's arguments (cliparse.named_command): every command's help
     and the top-level help read the same as from the parser with every command built."""
     from tfcluster import cli
-    assert cli.named_command(["--runs-dir", "launch", "status"]) == "status"
-    assert cli.named_command(["--runs", "stop", "logs"]) == "logs"  # an abbreviated option
-    assert cli.named_command(["--runs-dir=stop", "launch"]) == "launch"
-    assert cli.named_command(["--help"]) is None and cli.named_command(["nope"]) is None
+
+    def named(argv):
+        return cli.named_command(argv, cli.COMMANDS)
+    assert named(["--runs-dir", "launch", "status"]) == "status"
+    assert named(["--runs", "stop", "logs"]) == "logs"  # an abbreviated option
+    assert named(["--runs-dir=stop", "launch"]) == "launch"
+    assert named(["--help"]) is None and named(["nope"]) is None
     for argv in [["--help"]] + [[name, "--help"] for name in cli.COMMANDS] + [["data", "fetch",
                                                                                "--help"]]:
         helps = []
-        for only in (None, cli.named_command(argv)):
+        for only in (None, named(argv)):
             with pytest.raises(SystemExit):
                 cli.build_parser(only).parse_args(argv)
             helps.append(capsys.readouterr().out)

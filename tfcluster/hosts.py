@@ -14,6 +14,7 @@ import threading
 import time
 
 from tfcluster.errors import TfclusterError
+from tfcluster.ssh import ssh_connection
 from tfcluster_agent import protocol as P
 
 REPLIES = (P.Report, P.Accepted, P.Attached, P.Stopped, P.Collected, P.File, P.Error)
@@ -75,7 +76,7 @@ class AgentLink:
                                               stderr=subprocess.PIPE, start_new_session=True)
                 stdout, stderr = self._proc.stdout, self._proc.stderr
             else:
-                self._connection = _ssh_connection(self.machine)
+                self._connection = ssh_connection(self.machine)
                 self._connection.open()
                 transport = self._connection.client.get_transport()
                 transport.set_keepalive(5)
@@ -259,26 +260,6 @@ def describe_connection_error(err, machine):
     if name == "NoValidConnectionsError" or isinstance(err, ConnectionRefusedError):
         return "connection refused on port %d: is sshd running?" % machine.ssh_port
     return "%s: %s" % (name, text)
-
-
-def _ssh_connection(machine):
-    import fabric
-    import paramiko
-    connect_kwargs = {"banner_timeout": machine.connect_timeout,
-                      "auth_timeout": machine.connect_timeout}
-    if machine.key_file:
-        connect_kwargs["key_filename"] = os.path.expanduser(machine.key_file)
-    connection = fabric.Connection(machine.address, user=machine.user, port=machine.ssh_port,
-                                   connect_timeout=machine.connect_timeout,
-                                   connect_kwargs=connect_kwargs)
-    # Host key checking stays on: Fabric's default policy would add unknown keys silently.
-    connection.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    known = os.path.expanduser("~/.ssh/known_hosts")
-    if os.path.exists(known):
-        connection.client.load_host_keys(known)
-    if machine.known_hosts:
-        connection.client.load_host_keys(os.path.expanduser(machine.known_hosts))
-    return connection
 
 
 class Outcomes:

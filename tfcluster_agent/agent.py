@@ -39,13 +39,6 @@ TICK = 0.05  # while a port is awaited or a folder is followed without superviso
 CHUNK = 256 * 1024
 
 
-class _Done:
-    """A stop with nothing left to wait for: done from the start (no threading imported)."""
-
-    def is_set(self):
-        return True
-
-
 class Task:
     def __init__(self, name, port=None, supervisor=None, offset=0):
         self.name = name
@@ -69,7 +62,7 @@ class Agent:
         self._claims = None
         self._gpu_claims = None
         self.send_lock = _thread.allocate_lock()
-        self.stopping = None  # (done event, names, ports, result, deadline)
+        self.stopping = None  # (done event or None, names, ports, result, deadline)
         self.stalls = None    # a stall.StallWatch once the controller asks for one
         # A stop thread that is done writes here, so the loop answers at once, not a tick later.
         self.wake_read, self.wake_write = os.pipe()
@@ -122,12 +115,7 @@ class Agent:
         for port in report["port_holders"]:
             report["ports"][port] = False
         self.send(P.Report(report=report))
-        self._prepare_start()
-
-    @staticmethod
-    def _prepare_start():
-        """Import what a start needs while the controller writes its records: the start is then
-        the forks alone."""
+        # Imported while the controller writes its records: the start is then the forks alone.
         from tfcluster_agent import taskspec  # noqa: F401
 
     def on_claim_gpus(self, msg):
@@ -228,10 +216,9 @@ class Agent:
                  if is_task_name(n)]
         # A task whose exit was sent has its status written: nothing of it to stop or wait for.
         result = {n: "not running" for n in names if n in self.tasks and self.tasks[n].exit_sent}
+        ports, deadline = [int(p) for p in msg.ports], time.monotonic() + msg.grace + 15
         if len(result) == len(names):
-            done = _Done()
-            self.stopping = (done, names, [int(p) for p in msg.ports], result,
-                             time.monotonic() + msg.grace + 15)
+            self.stopping = (None, names, ports, result, deadline)  # no thread to wait for
             return
         import threading
 
@@ -259,8 +246,7 @@ class Agent:
 
         done = threading.Event()
         threading.Thread(target=stop_all, daemon=True).start()
-        self.stopping = (done, names, [int(p) for p in msg.ports], result,
-                         time.monotonic() + msg.grace + 15)
+        self.stopping = (done, names, ports, result, deadline)
 
     def on_watch_stalls(self, msg):
         from tfcluster_agent.stall import StallWatch
@@ -352,7 +338,7 @@ class Agent:
 
     def _finish_stop(self):
         done, names, ports, result, deadline = self.stopping
-        if not done.is_set():
+        if done is not None and not done.is_set():
             return
         ours = [self.tasks[n] for n in names if n in self.tasks]
         if any(not t.exit_sent for t in ours) and time.monotonic() < deadline:
