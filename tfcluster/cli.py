@@ -151,6 +151,19 @@ def build_parser(only=None):
     return parser
 
 
+def run():
+    """The program (console script, `python -m tfcluster`): main(), then the process ends
+    without the interpreter's shutdown, 7 ms of every command's. Each command closes what it
+    opened; the standard streams are flushed here."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # a reader that went away (`tfcluster runs | head -1`)
+            pass
+    os._exit(code)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare `--` goes to the trainer untouched.

@@ -1,9 +1,10 @@
-"""SSH to a machine: Fabric (paramiko) with host key checking on, the known hosts read once."""
+"""SSH to a machine: Fabric (paramiko) with host key checking on; the known hosts and the key
+file read once per process, not once per machine."""
 import os
 import threading
 
-_KNOWN_HOSTS_LOCK = threading.Lock()
-_known_hosts_files = {}  # (path, mtime, size, inode) -> paramiko.HostKeys
+_FILES_LOCK = threading.Lock()
+_files = {}  # (reader, path, mtime, size, inode) -> what it read
 
 
 def ssh_connection(machine):
@@ -13,7 +14,10 @@ def ssh_connection(machine):
     connect_kwargs = {"banner_timeout": machine.connect_timeout,
                       "auth_timeout": machine.connect_timeout}
     if machine.key_file:
-        connect_kwargs["key_filename"] = os.path.expanduser(machine.key_file)
+        path = os.path.expanduser(machine.key_file)
+        key = private_key(path)
+        # The key read once per process; one it cannot read alone (a passphrase) paramiko reads.
+        connect_kwargs["pkey" if key else "key_filename"] = key or path
     connection = fabric.Connection(machine.address, user=machine.user, port=machine.ssh_port,
                                    connect_timeout=machine.connect_timeout,
                                    connect_kwargs=connect_kwargs)
@@ -33,12 +37,38 @@ def ssh_connection(machine):
     return connection
 
 
-def known_hosts(path):
-    """PATH parsed (paramiko.HostKeys), once per process while the file stays as it is."""
+def private_key(path):
+    """The private key in PATH (paramiko.PKey, with its -cert.pub as paramiko would load it);
+    None where it cannot be read without more (a passphrase, a missing file)."""
+    try:
+        return read_once(path, _read_private_key)
+    except OSError:
+        return None
+
+
+def _read_private_key(path):
     import paramiko
-    stat = os.stat(path)  # a missing file: OSError, as paramiko's own load gave
-    key = (path, stat.st_mtime_ns, stat.st_size, stat.st_ino)
-    with _KNOWN_HOSTS_LOCK:
-        if key not in _known_hosts_files:
-            _known_hosts_files[key] = paramiko.HostKeys(path)
-        return _known_hosts_files[key]
+    try:
+        key = paramiko.PKey.from_path(path)
+    except (paramiko.SSHException, OSError, ValueError, TypeError):  # TypeError: a passphrase
+        return None
+    if os.path.isfile(path + "-cert.pub"):
+        key.load_certificate(path + "-cert.pub")
+    return key
+
+
+def known_hosts(path):
+    """PATH parsed (paramiko.HostKeys); a missing file: OSError, as paramiko's own load gave."""
+    import paramiko
+    return read_once(path, paramiko.HostKeys)
+
+
+def read_once(path, read):
+    """READ(PATH), once per process while the file stays as it is (the calls to every machine
+    share it)."""
+    stat = os.stat(path)
+    key = (read, path, stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    with _FILES_LOCK:
+        if key not in _files:
+            _files[key] = read(path)
+        return _files[key]
