@@ -21,6 +21,7 @@ import time
 # task's pay for none of them.
 
 LEASE_CHECK_SECONDS = 1.0
+EXIT_POLL_SECONDS = 0.05  # where the kernel gives no pidfd to wait on
 
 
 def boot_id():
@@ -298,17 +299,21 @@ def supervise(run_dir, name, lease, spec, out_fd):
         os.close(write_end)
     write_atomic(base + ".pid", json.dumps({"pid": proc.pid, "start": start_time(proc.pid),
                                             "boot": boot_id(), "supervisor": os.getpid()}))
-    exited = os.pidfd_open(proc.pid)
-    open_fds = [read_end, exited]
+    try:
+        exited = os.pidfd_open(proc.pid)
+    except OSError:  # no pidfd (Linux before 5.3, valgrind): the task's end is looked for
+        exited = None
+    open_fds = [read_end] + ([] if exited is None else [exited])
     while True:
-        ready, _, _ = select.select(open_fds, [], [], LEASE_CHECK_SECONDS)
+        ready, _, _ = select.select(open_fds, [], [], LEASE_CHECK_SECONDS if exited is not None
+                                    else EXIT_POLL_SECONDS)
         if read_end in ready:
             data = os.read(read_end, 65536)
             if data:
                 emit(data)
             else:
                 open_fds.remove(read_end)
-        if exited in ready and proc.poll() is not None:
+        if (exited is None or exited in ready) and proc.poll() is not None:
             break
         if lease_expired(run_dir, lease):
             emit(b"tfcluster agent: controller lease expired, stopping the task\n")
