@@ -112,6 +112,8 @@ def build_parser():
     p.add_argument("--lost-contact", type=seconds, default=30.0,
                    help="seconds without a word from a host's agent before the run fails "
                         "(default 30)")
+    p.add_argument("--straggler-after", type=seconds, default=30.0, metavar="S", help="mark a "
+                   "worker under half its peers' median step rate for S seconds (default 30)")
     p.add_argument("--cwd", help="with --cmd: working directory on the hosts")
     p.add_argument("--plain", action="store_true",
                    help="prefixed lines, not the live table (the default when not a terminal)")
@@ -250,7 +252,8 @@ def cmd_launch(args):
         start_timeout=args.start_timeout, finish_grace=args.finish_grace,
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
-        baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus)
+        baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
+        straggler_after=args.straggler_after)
     if args.sync:
         from tfcluster import sync
         sync.sync(args.inventory)

@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from tfcluster import gpuqueue, runs
+from tfcluster import gpuqueue, proxy, runs
 from tfcluster.catalog import check_templates
 from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
@@ -55,6 +55,7 @@ class LaunchOptions:
     env: dict = field(default_factory=dict)
     wait: bool = False             # wait for claimed or busy GPUs and ports (gpuqueue)
     share_busy_gpus: bool = False  # hand out GPUs other processes use, knowingly
+    straggler_after: float = 30.0  # seconds under half the peers' median rate: a straggler
 
 
 class Launch:
@@ -111,6 +112,9 @@ class Launch:
         specs = self.specs = task_specs(self.cluster, options, self.run_id,
                                         thread_plan(self.cluster, reports, options))
         gpuqueue.hand_claims(specs, self.cluster, reports)
+        proxies = proxy.exempt_cluster(specs, self.cluster, reports, options.env)
+        if proxies:
+            self.reporter.note(proxies)
         try:
             self._write_record(reports, specs)
         except OSError as err:
@@ -121,6 +125,7 @@ class Launch:
         self.metrics = MetricsStore(self.record.dir)
         self.monitor = Monitor(self.hosts, self.cluster, self.record.dir, self.reporter,
                                metrics=self.metrics)
+        self.monitor.causes.configure(reports, options.straggler_after)
         outcome = crash = None
         lost = set()
         try:
@@ -262,7 +267,8 @@ class Launch:
             if monitor.write_error is not None:
                 return RunFailed("cannot write the logs in %s: %s" % (
                     self.record.dir, monitor.write_error)), []
-            failed = first_failure(cluster, monitor.states)
+            monitor.causes.tick()
+            failed = first_failure(cluster, monitor.states, monitor.causes.clock.order)
             if failed and self._restart(failed[0], failed[1]):
                 continue
             if failed:

@@ -52,6 +52,7 @@ class _Row:
         self.exit = None
         self.restarts = 0
         self.last_line = None
+        self.straggler = False
 
 
 class LiveReporter(Reporter):
@@ -127,6 +128,12 @@ class LiveReporter(Reporter):
         with self._lock:
             row.restarts, row.state, row.exit = restarts, "restarting", None
 
+    def task_straggling(self, task, why):
+        row = self._row(task)
+        with self._lock:
+            row.straggler = why is not None
+        super().task_straggling(task, why)
+
     def render(self):
         """The table, the cluster line and the log tail, as one rich renderable."""
         now = time.time()
@@ -151,7 +158,11 @@ class LiveReporter(Reporter):
                 if self.target:
                     step_text += " (%d%%)" % min(100, int(100 * step / self.target))
             state = row.state if row.exit is None else "%s %s" % (row.state, row.exit)
-            table.add_row(row.task.label, Text(state, style=STATE_STYLE.get(row.state, "")),
+            if row.straggler and row.exit is None:
+                state += ", straggler"
+            table.add_row(row.task.label, Text(state, style="bold yellow" if row.straggler and
+                                               row.exit is None else
+                                               STATE_STYLE.get(row.state, "")),
                           row.task.machine.address, step_text, _number(point.get("loss")),
                           _number(point.get("examples_per_s")),
                           # Silence matters while a task runs (a hang), not once it ended.

@@ -13,6 +13,7 @@ import time
 import types
 
 from tfcluster import runs
+from tfcluster.causes import Causes
 from tfcluster.hosts import CLOSED
 from tfcluster_agent import protocol as P
 from tfcluster_agent.runmodel import RestartEntry, TaskState, TaskStatus, check_transition
@@ -40,6 +41,7 @@ class Monitor:
         self.record_dir = record_dir  # where logs are written; None: nowhere
         self.write_error = None
         self._logs = {}
+        self.causes = Causes(self)  # why tasks wait or fail, named as it happens
         if record_dir:
             os.makedirs(record_dir, exist_ok=True)
 
@@ -66,12 +68,16 @@ class Monitor:
         if msg == CLOSED:
             self.closed_links.add(key)
             return
+        if isinstance(msg, P.Probed):
+            self.causes.probed(msg)
+            return
         task = self.by_name.get((key, getattr(msg, "name", None)))
         if task is None:
             return
         if isinstance(msg, P.Started):
             self._set(task, state=TaskState.RUNNING, alive=True, exit=None, pid=msg.pid)
             self.started_at[task.label] = msg.time
+            self.causes.started(task)
             self.reporter.task_started(task, msg.pid)
         elif isinstance(msg, P.Listening):
             self.listening.add(task.label)
@@ -79,6 +85,7 @@ class Monitor:
             self._output(task, msg.text)
         elif isinstance(msg, P.Exited):
             state = self._set(task, alive=False, exit=msg.code, state=TaskState(msg.state))
+            self.causes.exited(task)
             self.reporter.task_exited(task, msg.code, str(task_state(task, state)))
 
     # ------------------------------------------------------------ task state
@@ -160,6 +167,7 @@ class Monitor:
         for line in text.splitlines():
             self.tails[task.label].append(line)
             self.reporter.task_line(task, line)
+            self.causes.line(task, line)
             parsed = P.parse_line(line)
             if parsed is None:
                 continue
@@ -172,6 +180,7 @@ class Monitor:
                 self.first_step_s[task.label] = round(point["time"] - self.started_at[task.label], 3)
             if self.metrics is not None:
                 self.metrics.add(task, point)
+            self.causes.metric(task, point)
             self.reporter.task_metric(task, point)
 
     def close(self):
@@ -211,9 +220,10 @@ def policy_met(cluster, states, policy):
                for t in policy_tasks(cluster, policy))
 
 
-def first_failure(cluster, states):
-    """A tracked task that failed, or a ps that ended (workers would hang without it)."""
-    for task in cluster.tasks:
+def first_failure(cluster, states, order=None):
+    """A tracked task that failed, or a ps that ended (workers would hang without it); the one
+    that ended first when ORDER (label -> sort key, rootcause.EndClock.order) is given."""
+    for task in sorted(cluster.tasks, key=lambda t: order(t.label)) if order else cluster.tasks:
         state = states.get(task.label)
         if not state or state.alive:
             continue

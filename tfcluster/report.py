@@ -44,6 +44,10 @@ NOISE = [re.compile(pattern) for pattern in (
     r"dataset\.cc.*will not be optimized because the dataset does not implement",
     r"OUT_OF_RANGE: End of sequence",
     r"Your input ran out of data; interrupting training",
+    # Every other INFO line of TensorFlow's C++ log (tasks run at TF_CPP_MIN_LOG_LEVEL=0), but
+    # the one that tells a task waits for a peer: tfcluster.causes names why.
+    r"^(I\d{4} \d\d:\d\d:\d+\.\d+ +\d+|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: I) "
+    r"\S+:\d+\] (?!CreateSession still waiting)",
     # Step statistics collected on a machine without a GPU.
     r"xplane_to_step_stats\.cc.*GPU trace was not collected",
     # Grappler's placement notes.
@@ -105,6 +109,13 @@ class Reporter:
 
     def task_restarted(self, task, restarts):
         """TASK was restarted; RESTARTS is how often so far."""
+
+    def task_straggling(self, task, why):
+        """TASK became a straggler (WHY: the line that says so), or caught up (WHY is None)."""
+        if why is not None:
+            self.note(why)
+        else:
+            self.note("%s caught up with its peers" % task.label)
 
     def new_run(self):
         """Another run's tasks follow (--baseline runs two): forget the last one's."""

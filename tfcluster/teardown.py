@@ -76,6 +76,7 @@ def safe_join(folder, relative):
 def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by_user=False,
            lost=()):
     """Stop everything, collect, record the end, print the summary."""
+    monitor.causes.teardown_began()  # tasks that end from here on may be ours to stop
     with signals_deferred(reporter):
         leftovers = stop_tasks(hosts, cluster, grace, skip=lost)
         monitor.pump(0)
@@ -90,7 +91,7 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
     except OSError as err:
         reporter.note("WARNING cannot write the run's records in %s: %s" % (
             record.dir, err.strerror or err))
-    print_summary(reporter, cluster, record)
+    print_summary(reporter, cluster, record, *monitor.causes.report())
     if isinstance(outcome, RunFailed) and outcome.task is not None:
         reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
         for line in monitor.tails[outcome.task.label]:

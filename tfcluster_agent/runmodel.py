@@ -117,6 +117,7 @@ class PreflightReport:
     port_holders: dict = field(default_factory=dict)   # "port" -> the run that claimed it
     missing_data: dict = field(default_factory=dict)   # folder -> [missing files]
     gpu_facts: dict = field(default_factory=dict)      # gpuinfo.host_gpus(): driver, gpus, error
+    proxy_env: dict = field(default_factory=dict)      # hostinfo.proxy_facts(): names, no_proxy
     reached: bool = True
 
     def to_json(self):
