@@ -63,7 +63,7 @@ class Causes:
         self.clock.teardown_began()
 
     def line(self, task, text):
-        match = CREATE_SESSION.search(text)
+        match = CREATE_SESSION.search(text) if "CreateSession" in text else None
         if match is None:
             return
         peer_label = "%s:%s" % match.groups()
