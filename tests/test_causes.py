@@ -3,10 +3,8 @@ proxy exemptions, the first failure first, TF1's CreateSession wait diagnosed, s
 Real launches of the same: test_causes_launch.py (local) and test_causes_hosts.py (test hosts)."""
 import io
 import queue
-import socket
 import time
 
-import pytest
 from rich.console import Console
 
 from conftest import free_port_block
@@ -16,12 +14,12 @@ from tfcluster import proxy, reach, rootcause
 from tfcluster.errors import PreflightError, RunFailed
 from tfcluster.live import LiveReporter
 from tfcluster.monitor import Monitor, first_failure
+from tfcluster.record import PreflightReport, TaskState, TaskStatus
 from tfcluster.report import PlainReporter, is_noise
 from tfcluster.stragglers import StragglerWatch
 from tfcluster_agent import protocol as P
 from tfcluster_agent import reach as agent_reach
 from tfcluster_agent.hostinfo import proxy_facts
-from tfcluster_agent.runmodel import PreflightReport
 
 CREATE_SESSION = ("I0000 00:00:1795692285.474252   15716 master.cc:278] CreateSession still "
                   "waiting for response from worker: /job:ps/replica:0/task:0")
@@ -183,7 +181,7 @@ def test_the_earliest_failure_is_named_first_and_the_others_follow_it(tmp_path, 
                                    "by SIGKILL)"), outcome
     story = [line for line in console.splitlines() if "failed after" in line]
     assert len(story) == 1 and story[0].startswith(
-        "worker:0 and worker:1 failed after ps:0 was killed (SIGKILL at "), console
+        "worker:0 and worker:1 failed after ps:0 was killed by SIGKILL at "), console
     rows = {line.split()[0]: line for line in console.splitlines() if line.startswith(
         ("ps:0 ", "worker:0 ", "worker:1 "))}
     assert rows["ps:0"].endswith("(first failure)") and rows["worker:1"].endswith("(after ps:0)")
@@ -191,21 +189,21 @@ def test_the_earliest_failure_is_named_first_and_the_others_follow_it(tmp_path, 
 
 def test_tasks_the_teardown_stopped_are_not_failures():
     cluster = cluster_of(ps=1, workers=2)
-    clock = rootcause.EndClock()
-    states = {}
-    from tfcluster_agent.runmodel import TaskState, TaskStatus
+    ends, states, ended_at = rootcause.EndOrder(), {}, {}
     worker0, worker1, ps = cluster.tasks
-    for task, code in ((worker1, 3),):
+
+    def ended(task, code):
         states[task.label] = TaskStatus(state=TaskState.EXITED, exit=code)
-        clock.exited(task)
-    clock.teardown_began()
-    for task, code in ((ps, 143), (worker0, 143)):
-        states[task.label] = TaskStatus(state=TaskState.EXITED, exit=code)
-        clock.exited(task)
-    found = rootcause.failures(cluster, states, clock)
+        ended_at[task.label] = time.time()
+        ends.exited(task)
+    ended(worker1, 3)
+    ends.teardown_began()
+    ended(ps, 143)
+    ended(worker0, 143)
+    found = rootcause.failures(cluster, states, ended_at, ends)
     assert [task.label for task, _, _ in found] == ["worker:1"]
     assert rootcause.story(found) is None
-    assert first_failure(cluster, states, clock.order)[0] is worker1
+    assert first_failure(cluster, states, ends.order)[0] is worker1
 
 
 # ------------------------------------------------------------------ CreateSession waits
@@ -235,7 +233,7 @@ def test_a_createsession_wait_for_a_dead_ps_names_how_it_ended():
                                  + "\n"))
     line, = [l for l in console.getvalue().splitlines() if "CreateSession" in l]
     assert line.startswith("tfcluster: worker:0 waits in CreateSession for ps:0, which is not "
-                           "running: it exited with status 1 at "), line
+                           "running: it exited 1 at "), line
     assert monitor.hosts.sent == []
 
 

@@ -80,8 +80,8 @@ def test_a_straggler_is_marked_and_a_killed_ps_is_named_before_the_workers_it_to
     assert launch.proc.returncode == 1, output
     assert "tfcluster: error: ps:0 on localhost ended while the run was active (was killed by " \
            "SIGKILL)" in output
-    assert re.search(r"\nworker:0 and worker:1 failed after ps:0 was killed \(SIGKILL at "
-                     r"\d\d:\d\d:\d\d\)\n", output), output
+    assert re.search(r"\nworker:0 and worker:1 failed after ps:0 was killed by SIGKILL at "
+                     r"\d\d:\d\d:\d\d\n", output), output
     rows = {line.split()[0]: line for line in output.splitlines()
             if re.match(r"\w+:\d +localhost +", line)}
     assert rows["ps:0"].endswith("(first failure)")

@@ -1,7 +1,8 @@
 """Why a run hangs or fails, named while it runs and in its final report.
 
 The monitor hands every event to `Causes`, which keeps:
-- when each task ended (rootcause.EndClock): the report names the earliest failure first;
+- in which order the tasks ended (rootcause.EndOrder): the report names the earliest failure
+  first;
 - TF1's `CreateSession still waiting for response from worker: /job:ps/replica:0/task:0`:
   whether that peer is not running (and how it ended), or runs but cannot be reached from the
   waiting task's host (asked of that host's agent: refused or timed out);
@@ -28,7 +29,7 @@ PATIENCE_S = 15.0
 class Causes:
     def __init__(self, monitor):
         self.monitor = monitor
-        self.clock = rootcause.EndClock()
+        self.ends = rootcause.EndOrder()
         self.stragglers = StragglerWatch(monitor.reporter)
         self.findings = []        # what was named during the run, for its final report
         self.proxies = {}         # machine key -> proxy variable names on it (preflight)
@@ -44,13 +45,13 @@ class Causes:
 
     # ------------------------------------------------------------ the monitor's events
     def started(self, task):
-        self.clock.started(task)
+        self.ends.started(task)
         self.stragglers.started(task)
         self._named = {pair for pair in self._named if pair[0] != task.label}
         self._waiting = {pair: at for pair, at in self._waiting.items() if pair[0] != task.label}
 
     def exited(self, task):
-        self.clock.exited(task)
+        self.ends.exited(task)
         self.stragglers.ended(task)
 
     def metric(self, task, point):
@@ -60,7 +61,7 @@ class Causes:
         self.stragglers.tick()
 
     def teardown_began(self):
-        self.clock.teardown_began()
+        self.ends.teardown_began()
 
     def line(self, task, text):
         match = CREATE_SESSION.search(text) if "CreateSession" in text else None
@@ -87,10 +88,9 @@ class Causes:
     def _not_running(self, peer, status):
         if status is None:
             return "it has not started"
-        ended = self.clock.ended.get(peer.label)
-        if ended is None:
+        if peer.label not in self.monitor.ended_at:
             return "it is %s" % status.state
-        return "it %s" % rootcause.how_it_ended(status, ended[0])
+        return "it %s" % rootcause.ending(status, self.monitor.ended_at[peer.label])
 
     def _probe(self, pair, task, peer):
         """Ask the waiting task's host whether it reaches PEER's port; the answer, a Probed
@@ -136,7 +136,8 @@ class Causes:
     # ------------------------------------------------------------ the final report
     def report(self):
         """(lines for the end of the summary, {label: note for its row})."""
-        found = rootcause.failures(self.monitor.cluster, self.monitor.states, self.clock)
+        found = rootcause.failures(self.monitor.cluster, self.monitor.states,
+                                   self.monitor.ended_at, self.ends)
         story = rootcause.story(found)
         notes = rootcause.row_notes(found)
         for label in self.stragglers.named:

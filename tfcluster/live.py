@@ -22,6 +22,7 @@ from tfcluster_agent.protocol import RESULT_PREFIX
 
 TAIL_LINES = 6
 STATE_STYLE = {"starting": "yellow", "restarting": "yellow", "running": "cyan",
+               "stalled": "bold yellow",
                "succeeded": "green", "failed": "bold red", "lost": "bold red", "stopped": "dim"}
 
 
@@ -128,11 +129,16 @@ class LiveReporter(Reporter):
         with self._lock:
             row.restarts, row.state, row.exit = restarts, "restarting", None
 
-    def task_straggling(self, task, why):
+    def task_stalled(self, task, stalled):
         row = self._row(task)
         with self._lock:
-            row.straggler = why is not None
-        super().task_straggling(task, why)
+            if row.exit is None:
+                row.state = "stalled" if stalled else "running"
+
+    def task_straggling(self, task, straggling):
+        row = self._row(task)
+        with self._lock:
+            row.straggler = straggling
 
     def render(self):
         """The table, the cluster line and the log tail, as one rich renderable."""

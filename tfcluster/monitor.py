@@ -15,8 +15,8 @@ import types
 from tfcluster import runs
 from tfcluster.causes import Causes
 from tfcluster.hosts import CLOSED
+from tfcluster.record import RestartEntry, RunState, TaskState, TaskStatus, check_transition
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import RestartEntry, TaskState, TaskStatus, check_transition
 
 TRACKED_JOBS = ("chief", "worker")
 TAIL_LINES = 20
@@ -34,6 +34,8 @@ class Monitor:
         self._states = {}          # label -> TaskStatus; written by _set() alone
         self.listening = set()     # labels of ps tasks that listen
         self.started_at = {}       # label -> time.time() of its start
+        self.ended_at = {}         # label -> time.time() its end was heard
+        self.on_stall = None       # called with (task, Stalled or Resumed event), if set
         self.first_step_s = {}     # label -> seconds from start to its first metric
         self.results = {}          # label -> its last TFCLUSTER_RESULT
         self.tails = {t.label: collections.deque(maxlen=TAIL_LINES) for t in cluster.tasks}
@@ -84,9 +86,12 @@ class Monitor:
         elif isinstance(msg, P.Output):
             self._output(task, msg.text)
         elif isinstance(msg, P.Exited):
+            self.ended_at[task.label] = time.time()
             state = self._set(task, alive=False, exit=msg.code, state=TaskState(msg.state))
             self.causes.exited(task)
             self.reporter.task_exited(task, msg.code, str(task_state(task, state)))
+        elif msg.kind in ("stalled", "resumed") and self.on_stall is not None:
+            self.on_stall(task, msg)
 
     # ------------------------------------------------------------ task state
     def _set(self, task, **changes):
@@ -126,7 +131,8 @@ class Monitor:
             entry = record.tasks[task.label]
             entry.pid = state.pid if state else None
             entry.state = check_transition(task.label, entry.state, TaskState.RUNNING)
-        record.state, record.started = "running", runs.now()
+        record.become(RunState.RUNNING)
+        record.started = runs.now()
         runs.save(record)
 
     def record_restart(self, record, task, why, whole):
@@ -222,7 +228,7 @@ def policy_met(cluster, states, policy):
 
 def first_failure(cluster, states, order=None):
     """A tracked task that failed, or a ps that ended (workers would hang without it); the one
-    that ended first when ORDER (label -> sort key, rootcause.EndClock.order) is given."""
+    that ended first when ORDER (label -> sort key, rootcause.EndOrder.order) is given."""
     for task in sorted(cluster.tasks, key=lambda t: order(t.label)) if order else cluster.tasks:
         state = states.get(task.label)
         if not state or state.alive:

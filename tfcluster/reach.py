@@ -7,7 +7,6 @@ for the moment of the check (protocol.Listen), then every machine connects to it
 instead of a run whose workers wait forever in CreateSession.
 """
 from tfcluster.errors import Problem
-from tfcluster.hosts import HostError
 from tfcluster_agent import protocol as P
 from tfcluster_agent.reach import REACHED
 
@@ -69,21 +68,17 @@ def check(hosts, cluster, timeout=REACH_SECONDS):
 def _ask(hosts, machines, request, timeout, what):
     """({machine key: its Report's dict}, [problem]): REQUEST(machine) sent to every machine of
     MACHINES at once; a machine that fails it is a problem."""
+    if not machines:  # Hosts.each would ask every machine
+        return {}, []
     outcomes = hosts.each(lambda link: link.request(request(link.machine), timeout=timeout,
                                                     what=what).report, machines,
                           timeout=timeout + 10)
-    answers, problems = {}, []
-    for machine in machines:
-        if isinstance(outcomes[machine.key], Exception):
-            problems.append(Problem(_agent_problem(machine, outcomes[machine.key])))
-        else:
-            answers[machine.key] = outcomes[machine.key]
-    return answers, problems
+    return outcomes.succeeded, [Problem(_agent_problem(m, outcomes.failed[m.key]))
+                                for m in machines if m.key in outcomes.failed]
 
 
 def _agent_problem(machine, err):
-    reason = err.reason if isinstance(err, HostError) else str(err)
-    if "not a tfcluster message" in reason:  # an agent older than the reachability check
+    if "not a tfcluster message" in err.reason:  # an agent older than the reachability check
         return ("%s: its tfcluster agent is older than this controller: run `tfcluster sync "
                 "-i INVENTORY` (or launch with --sync)" % machine.label)
-    return "%s: %s" % (machine.label, reason)
+    return "%s: %s" % (machine.label, err.reason)

@@ -110,12 +110,11 @@ class Reporter:
     def task_restarted(self, task, restarts):
         """TASK was restarted; RESTARTS is how often so far."""
 
-    def task_straggling(self, task, why):
-        """TASK became a straggler (WHY: the line that says so), or caught up (WHY is None)."""
-        if why is not None:
-            self.note(why)
-        else:
-            self.note("%s caught up with its peers" % task.label)
+    def task_stalled(self, task, stalled):
+        """TASK stalled (STALLED true) or goes on again; a note says so too."""
+
+    def task_straggling(self, task, straggling):
+        """TASK became a straggler (STRAGGLING true) or caught up; a note says so too."""
 
     def new_run(self):
         """Another run's tasks follow (--baseline runs two): forget the last one's."""

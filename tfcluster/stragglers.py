@@ -10,7 +10,6 @@ and the run's summary names it.
 import statistics
 import time
 
-from tfcluster.rootcause import clock_time
 
 TRAINING_JOBS = ("chief", "worker")
 RATE_WINDOW_S = 10.0
@@ -88,9 +87,10 @@ class StragglerWatch:
         self.marked[label] = since
         named = self.named.setdefault(label, {"since": since, "seconds": 0.0, "worst": 1.0})
         named["worst"] = min(named["worst"], rate / median)
-        self.reporter.task_straggling(self.running[label], (
-            "%s is a straggler: %.3g %s over the last %gs, under half its peers' median (%.3g) "
-            "for %ds" % (label, rate, UNIT[measure], self.window, median, now - since)))
+        self.reporter.note("%s is a straggler: %.3g %s over the last %gs, under half its peers' "
+                           "median (%.3g) for %ds" % (label, rate, UNIT[measure], self.window,
+                                                      median, now - since))
+        self.reporter.task_straggling(self.running[label], True)
 
     def _unmark(self, label, now, quiet=False):
         since = self.marked.pop(label, None)
@@ -98,7 +98,8 @@ class StragglerWatch:
             return
         self.named[label]["seconds"] += now - since
         if not quiet:
-            self.reporter.task_straggling(self.running[label], None)
+            self.reporter.note("%s caught up with its peers" % label)
+            self.reporter.task_straggling(self.running[label], False)
 
     def summary(self, now=None):
         """One line per task that straggled, for the run's summary."""
@@ -106,10 +107,19 @@ class StragglerWatch:
         lines = []
         for label, named in sorted(self.named.items()):
             seconds = named["seconds"] + (now - self.marked[label] if label in self.marked else 0)
+            since = time.strftime("%H:%M:%S", time.localtime(named["since"]))
             lines.append("straggler: %s ran under half its peers' median rate for %ds from %s "
-                         "(at worst %.0f%% of it)" % (label, seconds, clock_time(named["since"]),
-                                                        100 * named["worst"]))
+                         "(at worst %.0f%% of it)" % (label, seconds, since, 100 * named["worst"]))
         return lines
+
+
+def add_cli(sub):
+    """launch --straggler-after, on the CLI's subparsers SUB."""
+    from tfcluster.cli import seconds
+    sub.choices["launch"].add_argument(
+        "--straggler-after", type=seconds, default=30.0, metavar="S",
+        help="mark a worker whose step rate stays under half its peers' median for S seconds "
+             "(default 30)")
 
 
 def _number(value):
