@@ -281,6 +281,21 @@ def test_the_console_hides_tensorflows_info_lines_but_the_createsession_wait():
     assert not is_noise("W0000 00:00:1795692285.474252   15716 master.cc:278] a warning")
 
 
+def test_a_hidden_message_of_several_lines_is_hidden_whole():
+    """At TF_CPP_MIN_LOG_LEVEL=0 some INFO messages print a protobuf over the next lines."""
+    stream = io.StringIO()
+    reporter = PlainReporter(stream)
+    task = cluster_of(ps=0, workers=1).tasks[0]
+    for line in ("I0000 00:00:1795697251.449152   27045 eager_service_impl.cc:355] "
+                 "SessionOptions: goo.gle/debugproto", "device_count {", '  key: "CPU"',
+                 "  value: 1", "}", "allow_soft_placement: true", "",
+                 "I0000 00:00:1795697322.902049   29952 coordination_service.cc:505] Example "
+                 "stragglers:", "/job:worker/replica:0/task:1", "worker:0 serving", "loss: 0.5"):
+        reporter.task_line(task, line)
+    assert stream.getvalue().splitlines() == ["[worker:0 10.0.0.1] worker:0 serving",
+                                              "[worker:0 10.0.0.1] loss: 0.5"]
+
+
 # ------------------------------------------------------------------ stragglers
 
 def feed(watch, tasks, rates, start, seconds, step=0.5):

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfcluster.metrics import MetricsStore
-from tfcluster.report import Reporter, is_metric, is_noise
+from tfcluster.report import NoiseFilter, Reporter, is_metric
 from tfcluster_agent.protocol import RESULT_PREFIX
 
 TAIL_LINES = 6
@@ -60,6 +60,7 @@ class LiveReporter(Reporter):
     def __init__(self, stream=None, verbose=False, console=None, live=True):
         self.console = console or Console(file=stream or sys.stdout)
         self.verbose = verbose
+        self._noise = NoiseFilter()
         self.metrics = MetricsStore()  # in memory: the launcher keeps the run's metrics.jsonl
         self.target = None
         self._rows = {}
@@ -105,7 +106,7 @@ class LiveReporter(Reporter):
         with self._lock:
             row.last_line = time.time()
             # Result lines are long JSON and the summary table shows them.
-            if self.verbose or not (is_noise(line) or is_metric(line)
+            if self.verbose or not (self._noise.hides(task.label, line) or is_metric(line)
                                     or line.startswith(RESULT_PREFIX)):
                 self._tail.append((task.label, line))
 

@@ -60,6 +60,27 @@ def is_noise(line):
     return any(pattern.search(line) for pattern in NOISE)
 
 
+# A TensorFlow log message goes on over several lines, without the log prefix, when it prints
+# a protobuf as text (`SessionOptions: ...` then `device_count {`, `  key: "CPU"`, `}`...) or
+# a list of tasks (`Example stragglers:` then `/job:worker/replica:0/task:1`).
+CONTINUED = re.compile(r"^\s*(\w+ \{|\w+: .*|\}|/job:\S+|)$")
+
+
+class NoiseFilter:
+    """is_noise() per task, with memory: the lines that continue a hidden message are hidden
+    with it."""
+
+    def __init__(self):
+        self._continuing = set()  # labels of tasks whose last line was hidden noise
+
+    def hides(self, label, line):
+        if is_noise(line) or (label in self._continuing and CONTINUED.match(line)):
+            self._continuing.add(label)
+            return True
+        self._continuing.discard(label)
+        return False
+
+
 def is_metric(line):
     """A well-formed TFCLUSTER_METRIC line (a malformed one is shown, so it can be fixed)."""
     parsed = parse_line(line)
@@ -129,6 +150,7 @@ class PlainReporter(Reporter):
         self.prefix = prefix
         self.echo = echo
         self.verbose = verbose
+        self._noise = NoiseFilter()
         self._lock = threading.Lock()  # one whole line at a time from every thread
 
     def _write(self, text):
@@ -148,7 +170,7 @@ class PlainReporter(Reporter):
     def task_line(self, task, line):
         if not self.echo:
             return
-        if not self.verbose and (is_noise(line) or is_metric(line)):
+        if not self.verbose and (self._noise.hides(task.label, line) or is_metric(line)):
             return
         self._task_write(task, line)
 
