@@ -219,6 +219,7 @@ class Hosts:
 def monitor_of(cluster):
     console = io.StringIO()
     monitor = Monitor(Hosts(cluster), cluster, None, PlainReporter(console, echo=False))
+    monitor.causes.configure({}, straggler_after=30)
     key = cluster.tasks[0].machine.key
     for task in cluster.tasks:
         monitor.handle(key, P.Started(name=task.name, pid=1, time=time.time()))

@@ -36,9 +36,11 @@ class Causes:
         self._waiting = {}        # (task, peer) -> when the task's first CreateSession line came
         self._named = set()       # (task, peer) pairs already diagnosed since the task started
         self._probes = {}         # probe id -> (task, peer)
+        self.watching = False     # a launch follows its run; status and logs replay old lines
 
     def configure(self, reports, straggler_after):
-        """The launch's preflight REPORTS and --straggler-after."""
+        """Watch a launch's run: its preflight REPORTS and --straggler-after."""
+        self.watching = True
         self.proxies = {key: (report.proxy_env or {}).get("proxies", [])
                         for key, report in reports.items()}
         self.stragglers.after = straggler_after
@@ -64,7 +66,8 @@ class Causes:
         self.ends.teardown_began()
 
     def line(self, task, text):
-        match = CREATE_SESSION.search(text) if "CreateSession" in text else None
+        match = CREATE_SESSION.search(text) if self.watching and "CreateSession" in text \
+            else None
         if match is None:
             return
         peer_label = "%s:%s" % match.groups()
