@@ -8,7 +8,7 @@ import time
 from rich.console import Console
 
 from conftest import free_port_block
-from test_agent import AgentProcess
+from test_agent import agent  # noqa: F401  (the fixture, used by name)
 from test_launcher_unit import FakeHosts, FakeLink, cluster_of, run
 from tfcluster import proxy, reach, rootcause
 from tfcluster.errors import PreflightError, RunFailed
@@ -42,29 +42,22 @@ def test_listeners_are_reached_and_a_closed_port_is_refused():
     assert agent_reach.probe([["again", "127.0.0.1", port]], 2) == {"again": "refused"}
 
 
-def test_the_agent_listens_until_its_tasks_start_and_probes_in_the_background(tmp_path):
+def test_the_agent_listens_until_its_tasks_start_and_probes_in_the_background(agent, tmp_path):
     port = free_port_block(2)
-    agent = AgentProcess()
-    try:
-        agent.send(P.Listen(ports=[port]))
-        assert agent.next(P.Report).report == {"failed": {}}
-        agent.send(P.Reach(targets=[["ps:0", "127.0.0.1", port],
-                                    ["worker:1", "127.0.0.1", port + 1]], timeout=2))
-        assert agent.next(P.Report).report == {"results": {"ps:0": "reached",
-                                                           "worker:1": "refused"}}
-        agent.send(P.Reach(id="w>p", targets=[["ps:0", "127.0.0.1", port]], timeout=2))
-        assert agent.next(P.Probed) == P.Probed(id="w>p", results={"ps:0": "reached"})
-        # A start closes the listeners first: the task binds the port itself.
-        agent.send(P.Start(run_dir=str(tmp_path / "run"), tasks=[{
-            "name": "ps-0", "command": "python3 -c 'import socket,time; s=socket.create_server("
-            "(\"\", %d)); print(\"bound\", flush=True); time.sleep(60)'" % port, "port": port}]))
-        assert isinstance(agent.next((P.Accepted, P.Error)), P.Accepted)
-        assert isinstance(agent.next(P.Listening), P.Listening)
-        agent.send(P.Stop(names=["ps-0"], ports=[port], grace=1))
-        assert agent.next(P.Stopped).remaining == []
-        assert "bound" in "".join(m.text for m in agent.seen if isinstance(m, P.Output))
-    finally:
-        agent.close()
+    agent.send(P.Listen(ports=[port]))
+    assert agent.next(P.Report).report == {"failed": {}}
+    agent.send(P.Reach(targets=[["ps:0", "127.0.0.1", port], ["worker:1", "127.0.0.1", port + 1]],
+                       timeout=2))
+    assert agent.next(P.Report).report == {"results": {"ps:0": "reached", "worker:1": "refused"}}
+    agent.send(P.Reach(id="w>p", targets=[["ps:0", "127.0.0.1", port]], timeout=2))
+    assert agent.next(P.Probed) == P.Probed(id="w>p", results={"ps:0": "reached"})
+    # A start closes the listeners first: the task binds the port itself (the fixture stops it).
+    agent.send(P.Start(run_dir=str(tmp_path / "run"), tasks=[{
+        "name": "ps-0", "command": "python3 -c 'import socket,time; s=socket.create_server("
+        "(\"\", %d)); print(\"bound\", flush=True); time.sleep(60)'" % port, "port": port}]))
+    assert isinstance(agent.next((P.Accepted, P.Error)), P.Accepted)
+    assert isinstance(agent.next(P.Listening), P.Listening)
+    assert agent.next(P.Output, timeout=30).text == "bound\n"
 
 
 # ------------------------------------------------------------------ reachability, controller
