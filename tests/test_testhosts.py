@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -22,30 +21,16 @@ import pytest  # noqa: E402
 
 pytest.register_assert_rewrite("fixtures_testhosts")
 from fixtures_testhosts import (  # noqa: E402
-    HostSet, SCRIPT, exclusive, leftovers, run_script, skip_reason, th)
+    HostSet, SCRIPT, exclusive, leftovers, run_script, skip_reason)
+from hostlib import netns  # noqa: E402
+from hostlib import testhosts as th  # noqa: E402
+from hostlib.common import find_tools, missing_tools_message, tcp_open, wait_until  # noqa: E402
 
 pytest_plugins = ["fixtures_testhosts"]  # provides the `testhosts` fixture
 
 pytestmark = pytest.mark.root  # most of it makes network namespaces; all of it is about them
 
 needs_hosts = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
-
-
-def wait_until(cond, timeout, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v or time.monotonic() >= deadline:
-            return v
-        time.sleep(interval)
-
-
-def tcp_open(addr, port=22, timeout=0.5):
-    try:
-        with socket.create_connection((addr, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def no_traceback(r):
@@ -64,9 +49,9 @@ def test_usage_errors_exit_2(args):
 
 
 def test_missing_tools_names_debian_packages(tmp_path):
-    found, missing = th.find_tools(search_path=str(tmp_path))
+    found, missing = find_tools(th.TOOLS, path=str(tmp_path))
     assert {"ip", "sshd"} <= set(missing)
-    msg = th.missing_tools_message(missing)
+    msg = missing_tools_message("testhosts", missing, th.TOOLS)
     assert "iproute2" in msg and "openssh-server" in msg and "\n" not in msg
 
 
@@ -147,16 +132,16 @@ def test_down_after_crashed_up():
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             # crash it once at least one host namespace exists
-            assert wait_until(lambda: any(n.startswith("tfc-th") for n in th.list_netns())
+            assert wait_until(lambda: any(n.startswith("tfc-th") for n in netns.list_netns())
                               or proc.poll() is not None, 20, 0.01)
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             assert leftovers(), "the crash should have left something behind"
             # plus a stray process inside a namespace that is not sshd
-            ns = next(n for n in th.list_netns() if n.startswith("tfc-th"))
+            ns = next(n for n in netns.list_netns() if n.startswith("tfc-th"))
             stray = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "300"],
                                      start_new_session=True)
-            assert wait_until(lambda: stray.pid in th.netns_pids(ns), 30, 0.02)
+            assert wait_until(lambda: stray.pid in netns.netns_pids(ns), 30, 0.02)
         finally:
             if proc.poll() is None:
                 proc.kill()
