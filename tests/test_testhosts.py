@@ -23,6 +23,7 @@ pytest.register_assert_rewrite("fixtures_testhosts")
 from fixtures_testhosts import (  # noqa: E402
     HostSet, SCRIPT, exclusive, leftovers, run_script, skip_reason)
 from hostlib import netns  # noqa: E402
+from other_users import readable_copy  # noqa: E402,F401  (fixture, used by name)
 from hostlib import testhosts as th  # noqa: E402
 from hostlib.common import find_tools, missing_tools_message, tcp_open, wait_until  # noqa: E402
 
@@ -55,15 +56,22 @@ def test_missing_tools_names_debian_packages(tmp_path):
     assert "iproute2" in msg and "openssh-server" in msg and "\n" not in msg
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="needs root and setpriv to run as another user")
-def test_not_root_one_line_exit_2():
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
+                    or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root, setpriv and /usr/bin/python3 to run as another user")
+@pytest.mark.parametrize("tool, why", [("testhosts", "it creates network namespaces"),
+                                       ("dockerhosts", "it runs a Docker engine")])
+def test_not_root_one_line_exit_2(readable_copy, tool, why):
+    """An ordinary user runs the script from a checkout where it can read the scripts and
+    nothing else (state, inventory and compose folders closed): the one-line refusal."""
+    checkout = readable_copy("scripts/" + tool, "scripts/hostlib")
+    for closed in (".testhosts", ".work", "inventory", "deploy"):
+        os.mkdir(os.path.join(checkout, closed), 0o700)
     r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                        sys.executable, str(SCRIPT), "status"],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2
-    assert r.stderr.strip() == ("testhosts needs root (it creates network namespaces): "
-                                "run as root")
+                        "/usr/bin/python3", os.path.join(checkout, "scripts", tool), "status"],
+                       cwd="/", capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"{tool} needs root ({why}): run as root"
     no_traceback(r)
 
 
