@@ -30,7 +30,8 @@ REPO = os.path.dirname(TESTS)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from ansible_run import RECAP, Ansible, explain, task_status_runs, task_statuses, tiny_dataset  # noqa: E402
+from ansible_run import (RECAP, Ansible, ansible_tool, explain, task_status_runs,  # noqa: E402
+                         task_statuses, tiny_dataset)
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
 from conftest import DOCKERHOSTS_LOCK, hold_lock, pid_alive, run_record, tfcluster, wait_for  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
@@ -224,6 +225,17 @@ def deployed(dockerhosts, tmp_path_factory, request):
     finally:
         ansible.close()
         hosts.timings += ansible.timings
+
+
+@on_containers
+def test_the_inventory_up_writes_works_from_any_folder(dockerhosts, tmp_path):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_SSH_ARGS="-o ControlMaster=no")
+    r = subprocess.run([ansible_tool("ansible"), "all", "-i", str(dh.INVENTORY), "-m", "raw",
+                        "-a", "hostname"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in dockerhosts.names:
+        assert "%s | CHANGED | rc=0 >>\n%s" % (name, name) in r.stdout, r.stdout
 
 
 @on_containers

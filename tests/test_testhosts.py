@@ -237,7 +237,7 @@ def test_link_down_makes_host_unreachable(testhosts):
     assert r.returncode == 0 and r.stdout.strip() == "th2", r.stderr
 
 
-def test_inventory_works_with_ansible(testhosts):
+def test_inventory_works_with_ansible(testhosts, tmp_path):
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     im = InventoryManager(loader=DataLoader(), sources=[str(testhosts.inventory)])
@@ -251,7 +251,8 @@ def test_inventory_works_with_ansible(testhosts):
                ANSIBLE_SSH_ARGS="-o ControlMaster=no")
     r = subprocess.run([str(ansible), "all", "-i", str(testhosts.inventory),
                         "-m", "command", "-a", "hostname"],
-                       capture_output=True, text=True, timeout=120, env=env)
+                       capture_output=True, text=True, timeout=120, env=env,
+                       cwd=tmp_path)  # from any folder: the key paths are absolute
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("th1", "th2", "th3"):
         assert f"{name} | CHANGED | rc=0 >>\n{name}" in r.stdout
