@@ -3,6 +3,7 @@ the host's namespaces, and the wait for its port. The client key is shared by al
 
 import dataclasses
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -92,17 +93,17 @@ def configure(host, client):
 
 def start(host):
     """HOST's sshd, in its network namespace and in UTS and mount namespaces of its own."""
-    # The hosts share this machine's /root; an empty .bashrc inside each host keeps the
-    # machine's shell setup (pyenv and the like: ~0.5 s per SSH command) out of its sessions.
-    script = ('hostname "$1" && mount --bind "$2" /opt && '
-              '{ [ ! -f /root/.bashrc ] || mount --bind /dev/null /root/.bashrc; } && '
-              'exec "$3" -D -e -f "$4"')
-    return start_logged(
-        [tool("ip"), "netns", "exec", host.ns,
-         tool("unshare"), "--uts", "--mount", "--propagation", "private",
-         "/bin/sh", "-c", script, "sh", host.name, str(host.dir / "opt"), tool("sshd"),
-         str(host.sshd_config)],
-        host.dir / "sshd.log")
+    q = shlex.quote
+    script = " && ".join([
+        f"hostname {q(host.name)}",
+        *(f"mount --bind {q(str(source))} {q(target)}" for source, target in host.binds),
+        # The hosts share this machine's /root; an empty .bashrc inside each host keeps the
+        # machine's shell setup (pyenv and the like: ~0.5 s per SSH command) out of its sessions.
+        "{ [ ! -f /root/.bashrc ] || mount --bind /dev/null /root/.bashrc; }",
+        f"exec {q(tool('sshd'))} -D -e -f {q(str(host.sshd_config))}"])
+    return start_logged([tool("ip"), "netns", "exec", host.ns, tool("unshare"), "--uts",
+                         "--mount", "--propagation", "private", "/bin/sh", "-c", script],
+                        host.dir / "sshd.log")
 
 
 def log(host):

@@ -71,6 +71,11 @@ class Host:
     def sshd_config(self):
         return self.dir / "sshd_config"
 
+    @property
+    def binds(self):
+        """(folder of ours, path inside the host) pairs bind-mounted in its mount namespace."""
+        return ((self.dir / "opt", "/opt"),)
+
     def record(self, pid=None):
         """Its entry in state.json."""
         return {"name": self.name, "ns": self.ns, "veth": self.veth, "addr": self.addr,
@@ -127,8 +132,14 @@ def leftovers():
 # up, step by step
 
 
-def inventory_text(n):
-    worker_slots = [Host(i) for i in range(2, n + 1)]
+def numbered(n):
+    """Hosts th1..thN."""
+    return [Host(i) for i in range(1, n + 1)]
+
+
+def inventory_text(hosts):
+    """th1 the ps, the others workers (with one host, th1-w its worker slot)."""
+    n, first = len(hosts), hosts[0]
     lines = [
         f"{INVENTORY_MARKER} ({plural(n, 'host')}); removed by `scripts/testhosts down`",
         "# hosts are network namespaces on this machine (see scripts/README.md)",
@@ -150,13 +161,13 @@ def inventory_text(n):
         "  children:",
         "    ps:",
         "      hosts:",
-        f"        {Host(1).name}: {{ansible_host: {Host(1).addr}}}",
+        f"        {first.name}: {{ansible_host: {first.addr}}}",
         "    worker:",
         "      hosts:",
     ]
     if n == 1:
-        lines.append(f"        {Host(1).name}-w: {{ansible_host: {Host(1).addr}}}")
-    lines += [f"        {h.name}: {{ansible_host: {h.addr}}}" for h in worker_slots]
+        lines.append(f"        {first.name}-w: {{ansible_host: {first.addr}}}")
+    lines += [f"        {h.name}: {{ansible_host: {h.addr}}}" for h in hosts[1:]]
     return "\n".join(lines) + "\n"
 
 
@@ -194,18 +205,19 @@ def add_host(state, host, client):
     return proc, known
 
 
-def finish_state(state):
-    write_atomically(INVENTORY, inventory_text(state["n"]))
+def finish_state(state, hosts):
+    write_atomically(INVENTORY, inventory_text(hosts))
     state.update(complete=True, key=str(CLIENT_KEY), known_hosts=str(KNOWN_HOSTS),
                  inventory=str(INVENTORY))
     STATE_FILE.save(state)
 
 
-def up(n, timeout):
+def up(hosts, timeout):
+    """Make HOSTS (testhosts.Host, th1 first) and their inventory, or nothing."""
     refuse_leftovers(PROG, leftovers(), STATE_FILE.load())
     netns.check_subnet_free()
     started = time.monotonic()
-    hosts = [Host(i) for i in range(1, n + 1)]
+    n = len(hosts)
     state = begin_state(n)
     with undone_on_failure(PROG, down):
         add_network(state)
@@ -219,7 +231,7 @@ def up(n, timeout):
         sshd.wait_for_ports(procs, timeout, deadline)
         wait_for_logins([(h.name, h.addr) for h in hosts], CLIENT_KEY, KNOWN_HOSTS, timeout,
                         deadline, detail=lambda name: f" / sshd: {sshd.log(by_name(name))}")
-        finish_state(state)
+        finish_state(state, hosts)
 
     print(f"testhosts: {plural(n, 'host')} up in {time.monotonic() - started:.1f}s")
     for h in hosts:
