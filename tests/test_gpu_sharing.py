@@ -20,10 +20,10 @@ from conftest import (REPO, free_port_block, local_inventory_text, processes_mat
 from other_users import readable_copy  # noqa: F401  (fixture, used by name)
 from tfcluster import gpus
 from tfcluster.inventory import Machine, Slot, load_slots
+from tfcluster.record import PreflightReport
 from tfcluster.spec import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import PreflightReport
 
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
 FAKE_TASK = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
@@ -640,11 +640,12 @@ def table_rows(text):
 
 def test_gpus_table_rows_for_unreachable_and_gpu_less_hosts():
     from tfcluster import gpustable
-    from tfcluster.hosts import HostError
+    from tfcluster.hosts import HostError, Outcomes
     down, bare = Machine(address="gpu07"), Machine(address="cpu01")
-    table = gpustable.rows([down, bare], {
-        down.key: HostError(down, "cannot connect: timed out"),
-        bare.key: {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}})
+    outcomes = Outcomes()
+    outcomes.failed[down.key] = HostError(down, "cannot connect: timed out")
+    outcomes.succeeded[bare.key] = {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}
+    table = gpustable.rows([down, bare], outcomes)
     text = gpustable.render(table)
     assert text.splitlines()[1].startswith("gpu07  -    unreachable:")
     assert "cannot connect: timed out" in text.splitlines()[1]

@@ -5,7 +5,7 @@ import sys
 import time
 
 from tfcluster import gpus
-from tfcluster.hosts import HostError, Hosts
+from tfcluster.hosts import Hosts
 from tfcluster_agent import protocol as P
 
 COLUMNS = ("HOST", "GPU", "NAME", "MEMORY MiB", "UTIL", "HEALTH", "HOLDER")
@@ -20,10 +20,8 @@ def machines_of(slots):
 
 
 def query(hosts, machines):
-    """{machine key: GPU facts or an exception}, every host at once."""
+    """Outcomes: each host's GPU facts, every host at once."""
     def ask(link):
-        if link.hello is None:
-            link.open()
         return link.request(P.GpuQuery(nvidia_smi=link.machine.nvidia_smi), timeout=30,
                             what="to the GPU query").report
 
@@ -44,11 +42,11 @@ def holder(gpu, machine):
 def rows(machines, outcomes):
     table = []
     for machine in machines:
-        found = outcomes[machine.key]
-        if isinstance(found, Exception):
-            reason = found.reason if isinstance(found, HostError) else str(found)
-            table.append((machine.label, "-", "unreachable: " + reason, "", "", "", ""))
+        if machine.key in outcomes.failed:
+            table.append((machine.label, "-", "unreachable: " + outcomes.failed[machine.key].reason,
+                          "", "", "", ""))
             continue
+        found = outcomes.succeeded[machine.key]
         if not found["gpus"]:
             table.append((machine.label, "-", "no GPU (%s)" % (found.get("error") or
                                                               "nvidia-smi lists none"),
@@ -74,21 +72,19 @@ def show(slots, watch=None, out=None):
     not answer."""
     out = out or sys.stdout
     machines = machines_of(slots)
-    hosts = Hosts(machines)
     try:
-        while True:
-            table = rows(machines, query(hosts, machines))
-            text = render(table)
-            if watch:
-                out.write("%s%s  every %gs, Ctrl-C ends\n" % (CLEAR, time.strftime("%H:%M:%S"),
-                                                               watch))
-            out.write(text + "\n")
-            out.flush()
-            if not watch:
-                return 1 if any(r[1] == "-" and r[2].startswith("unreachable") for r in table) \
-                    else 0
-            time.sleep(watch)
+        with Hosts(machines) as hosts:
+            while True:
+                table = rows(machines, query(hosts, machines))
+                text = render(table)
+                if watch:
+                    out.write("%s%s  every %gs, Ctrl-C ends\n" % (
+                        CLEAR, time.strftime("%H:%M:%S"), watch))
+                out.write(text + "\n")
+                out.flush()
+                if not watch:
+                    return 1 if any(r[1] == "-" and r[2].startswith("unreachable")
+                                    for r in table) else 0
+                time.sleep(watch)
     except KeyboardInterrupt:
         return 0
-    finally:
-        hosts.close()

@@ -9,7 +9,7 @@ import sys
 import time
 
 from tfcluster_agent import datafiles
-from tfcluster_agent.protocol import code_files, code_hash, sha256
+from tfcluster_agent.hostcode import code_files, code_hash, sha256
 from tfcluster_agent.supervisor import boot_id, write_atomic
 
 
