@@ -31,7 +31,8 @@ class Fail(Exception):
 
 
 def require_root(prog, why):
-    """The first check of every command: no path is touched before it (issue 33)."""
+    """The first check of every command, before any path is touched: an ordinary user may not
+    be able to enter the checkout (root's home is 0700), and still gets this one line."""
     if os.geteuid() != 0:
         raise Fail(f"{prog} needs root ({why}): run as root", 2)
 
@@ -53,7 +54,8 @@ def host_tool_parser(prog, description, up_help, low, high, timeout, more=(), wh
     """The command line both tools share: `up N [--timeout S]`, `down`, `status`; the caller adds
     the subcommands named in MORE to the returned subparsers."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    sub = p.add_subparsers(dest="cmd", metavar="{" + ",".join(["up", "down", "status", *more]) + "}")
+    names = ",".join(["up", "down", "status", *more])
+    sub = p.add_subparsers(dest="cmd", metavar="{" + names + "}")
     up = sub.add_parser("up", help=up_help)
     up.add_argument("n", type=host_count(low, high, why), metavar="N",
                     help=f"number of hosts, {low}..{high}")

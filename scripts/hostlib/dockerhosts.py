@@ -109,13 +109,17 @@ def inventory_text(n, keys=KEYS):
         "  children:",
         "    ps:",
         "      hosts:",
-        f"        {host_name(1)}: {{ansible_host: {host_addr(1)}, tfcluster_address: {host_addr(1)}}}",
+        inventory_host(1),
         "    worker:",
         "      hosts:",
     ]
-    lines += [f"        {host_name(i)}: {{ansible_host: {host_addr(i)}, "
-              f"tfcluster_address: {host_addr(i)}}}" for i in range(2, n + 1)]
+    lines += [inventory_host(i) for i in range(2, n + 1)]
     return "\n".join(lines) + "\n"
+
+
+def inventory_host(i):
+    addr = host_addr(i)
+    return f"        {host_name(i)}: {{ansible_host: {addr}, tfcluster_address: {addr}}}"
 
 
 def committed_keys():
@@ -303,15 +307,17 @@ def status():
     answers = engine.answers(state)
     which = (f"private, pid {state.get('engine_pid')}" if state.get("private_engine")
              else state.get("docker_host"))
-    print(f"dockerhosts: {state.get('n')} hosts{'' if state.get('complete') else ' (incomplete up)'}"
-          f", engine {'answers' if answers else 'DOWN'} ({which})")
+    incomplete = "" if state.get("complete") else " (incomplete up)"
+    print(f"dockerhosts: {state.get('n')} hosts{incomplete}, engine "
+          f"{'answers' if answers else 'DOWN'} ({which})")
     rc = 0 if answers else 1
     for i in range(1, state.get("n", 0) + 1):
         running = answers and docker(state, "inspect", "-f", "{{.State.Running}}",
                                      container_name(i), check=False).stdout.strip() == "true"
         port = tcp_open(host_addr(i), 22, 0.5)
-        print(f"{host_name(i):<9} {host_addr(i):<12} container={'running' if running else 'stopped'}"
-              f" ssh-port={'open' if port else 'closed'}")
+        print(f"{host_name(i):<9} {host_addr(i):<12} "
+              f"container={'running' if running else 'stopped'} "
+              f"ssh-port={'open' if port else 'closed'}")
         if not (running and port):
             rc = 1
     return rc

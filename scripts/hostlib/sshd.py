@@ -44,10 +44,10 @@ class Client:
     use_pam: str
 
 
-def make_client(folder, comment):
-    key = folder / "id_ed25519"
+def make_client(key, comment):
+    """A new key pair at KEY, and beside it the authorized_keys every host's sshd reads."""
     keygen(key, comment)
-    authkeys = folder / "authorized_keys"
+    authkeys = key.parent / "authorized_keys"
     authkeys.write_text(Path(str(key) + ".pub").read_text())
     os.chmod(authkeys, 0o600)
     return Client(key, authkeys, "yes" if strict_modes_ok(authkeys) else "no",

@@ -221,7 +221,7 @@ def up(hosts, timeout):
     state = begin_state(n)
     with undone_on_failure(PROG, down):
         add_network(state)
-        client = sshd.make_client(STATE, "tfc-testhosts-client")
+        client = sshd.make_client(CLIENT_KEY, "tfc-testhosts-client")
         procs, known = {}, []
         for host in hosts:
             procs[host], line = add_host(state, host, client)
@@ -229,8 +229,9 @@ def up(hosts, timeout):
         KNOWN_HOSTS.write_text("\n".join(known) + "\n")
         deadline = time.monotonic() + timeout
         sshd.wait_for_ports(procs, timeout, deadline)
+        named = {h.name: h for h in hosts}
         wait_for_logins([(h.name, h.addr) for h in hosts], CLIENT_KEY, KNOWN_HOSTS, timeout,
-                        deadline, detail=lambda name: f" / sshd: {sshd.log(by_name(name))}")
+                        deadline, detail=lambda name: f" / sshd: {sshd.log(named[name])}")
         finish_state(state, hosts)
 
     print(f"testhosts: {plural(n, 'host')} up in {time.monotonic() - started:.1f}s")
@@ -239,10 +240,6 @@ def up(hosts, timeout):
     print(f"inventory:   {INVENTORY}")
     print(f"ssh:         ssh -i {CLIENT_KEY} -o UserKnownHostsFile={KNOWN_HOSTS} "
           f"root@{hosts[0].addr}")
-
-
-def by_name(name):
-    return Host(int(name[len("th"):]))
 
 
 # --------------------------------------------------------------------------
