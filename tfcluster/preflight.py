@@ -101,7 +101,7 @@ def print_preflight(reporter, cluster, reports):
         code = report.code_hash
         reporter.out("%-22s %-9s %-10s %-5s %-5s %-12s %s" % (
             machine.label, "yes", report.tf_version or "MISSING",
-            "?" if report.cpus is None else report.cpus, len(report.gpus),
+            "?" if report.cpus is None else report.cpus, gpus.preflight_cell(report),
             ("busy " + ",".join(busy)) if busy else "%d free" % len(ports),
             "same" if code == controller_hash or runs_this_checkout(machine)
             else ("stale" if code else "missing")))

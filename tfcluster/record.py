@@ -94,7 +94,8 @@ class PreflightReport:
     ports: dict = field(default_factory=dict)          # "port" -> free
     port_holders: dict = field(default_factory=dict)   # "port" -> the run that claimed it
     missing_data: dict = field(default_factory=dict)   # folder -> [missing files]
-    gpu_facts: dict = field(default_factory=dict)      # gpuinfo.host_gpus(): driver, gpus, error
+    # gpuinfo.host_gpus(): driver, gpus, error, warning, absent
+    gpu_facts: dict = field(default_factory=dict)
     reached: bool = True
 
     def to_json(self):
