@@ -35,7 +35,8 @@ from ansible_run import (RECAP, Ansible, ansible_tool, explain, task_status_runs
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
 from conftest import DOCKERHOSTS_LOCK, hold_lock, pid_alive, run_record, tfcluster, wait_for  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
-from hostlib import engine, image  # noqa: E402
+from hostlib import engine as dockerd  # noqa: E402
+from hostlib import image  # noqa: E402
 from hostlib.common import proc_cmdline  # noqa: E402
 from hostlib.ssh import ssh_base  # noqa: E402
 
@@ -434,12 +435,9 @@ def test_the_installed_wheel_deploys_the_containers(deployed, tmp_path):
     hosts, ansible, _ = deployed
     wheel = build_wheel(str(tmp_path))
     python, _, work = install_wheel(wheel, str(tmp_path / "installed"))
-    # The user's folder: their inventory (keys by absolute path) and the wheelhouse.
-    keys = os.path.join(REPO, "deploy", "compose", "keys") + "/"
-    with open(dh.INVENTORY) as handle:
-        text = handle.read().replace("deploy/compose/keys/", keys)
-    with open(os.path.join(work, "hosts.yml"), "w") as handle:
-        handle.write(text)
+    # The user's folder: their inventory (the one `up` wrote: keys by absolute path) and the
+    # wheelhouse.
+    shutil.copy(dh.INVENTORY, os.path.join(work, "hosts.yml"))
     os.symlink(os.path.join(REPO, "wheelhouse"), os.path.join(work, "wheelhouse"))
     options = ["-i", "hosts.yml", "-e", "@" + ansible.extra_vars_file,
                "-e", "tensorflow_install_mode=offline"]
@@ -532,7 +530,7 @@ def test_teardown_leaves_the_containers_as_found(deployed):
 @on_containers
 def test_down_after_the_engine_died_leaves_nothing(dockerhosts):
     hosts = dockerhosts
-    state = engine.STATE_FILE.load()
+    state = dockerd.STATE_FILE.load()
     engine = state["engine_pid"]
     assert pid_alive(engine)
     # A crash: the engine dies, its containers run on (containerd shims).
@@ -544,7 +542,7 @@ def test_down_after_the_engine_died_leaves_nothing(dockerhosts):
     hosts.timings.append(("dockerhosts down (engine killed)", time.monotonic() - started))
     assert down.returncode == 0, down.stdout + down.stderr
     assert dh.leftovers() == []
-    assert not os.path.exists(engine.STATE) and not os.path.exists(dh.KNOWN_HOSTS)
+    assert not os.path.exists(dockerd.STATE) and not os.path.exists(dh.KNOWN_HOSTS)
     assert not any(p.name.startswith(".build-") for p in image.CACHE.iterdir())
     assert not os.path.exists("/sys/class/net/" + dh.BRIDGE)
     # No route to the containers' subnet is left (a probe would leave this machine instead).
