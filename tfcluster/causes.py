@@ -36,6 +36,9 @@ class Causes:
         self._waiting = {}        # (task, peer) -> when the task's first CreateSession line came
         self._named = set()       # (task, peer) pairs already diagnosed since the task started
         self._probes = {}         # probe id -> (task, peer)
+        # label -> (since when it has printed nothing but CreateSession waits, for which peer)
+        self.waiting = {}
+        self.named_for = {}       # label -> the last finding about it (a stall's cause)
         self.watching = False     # a launch follows its run; status and logs replay old lines
 
     def configure(self, reports, straggler_after):
@@ -51,6 +54,7 @@ class Causes:
         self.stragglers.started(task)
         self._named = {pair for pair in self._named if pair[0] != task.label}
         self._waiting = {pair: at for pair, at in self._waiting.items() if pair[0] != task.label}
+        self.waiting.pop(task.label, None)
 
     def exited(self, task):
         self.ends.exited(task)
@@ -69,8 +73,10 @@ class Causes:
         match = CREATE_SESSION.search(text) if self.watching and "CreateSession" in text \
             else None
         if match is None:
+            self.waiting.pop(task.label, None)  # any other line: it is doing something else
             return
         peer_label = "%s:%s" % match.groups()
+        self.waiting.setdefault(task.label, (time.monotonic(), peer_label))
         pair = (task.label, peer_label)
         if pair in self._named:
             return
@@ -133,6 +139,7 @@ class Causes:
 
     def _name(self, pair, text):
         self._named.add(pair)
+        self.named_for[pair[0]] = text
         self.findings.append(text)
         self.monitor.reporter.note(text)
 
