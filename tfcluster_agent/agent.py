@@ -26,6 +26,7 @@ if not sys.pycache_prefix:
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tfcluster_agent import protocol as P  # noqa: E402
 from tfcluster_agent import supervisor as S  # noqa: E402
+from tfcluster_agent.reach import ReachRequests  # noqa: E402
 
 
 def is_task_name(name):
@@ -51,7 +52,7 @@ class Task:
         self.exit_sent = False
 
 
-class Agent:
+class Agent(ReachRequests):
     def __init__(self, out=None):
         self.out = out or sys.stdout.buffer
         self.connected = True
@@ -107,6 +108,7 @@ class Agent:
 
     def on_preflight(self, msg):
         from tfcluster_agent.hostinfo import preflight_report
+        self.close_listeners()  # a preflight again (launch --wait): its ports are checked anew
         report = preflight_report(msg.python, msg.ports, msg.code_dir, msg.cache_dir or None,
                                   msg.datasets, msg.nvidia_smi,
                                   lambda: set(self.gpu_claims.held))
@@ -115,8 +117,7 @@ class Agent:
         for port in report["port_holders"]:
             report["ports"][port] = False
         self.send(P.Report(report=report))
-        # Imported while the controller writes its records: the start is then the forks alone.
-        from tfcluster_agent import taskspec  # noqa: F401
+        from tfcluster_agent import taskspec  # noqa: F401  the start's, while records are written
 
     def on_claim_gpus(self, msg):
         self.send(P.Report(report=self.gpu_claims.claim(msg.gpus, msg.run, msg.wait)))
@@ -127,6 +128,7 @@ class Agent:
 
     def on_start(self, msg):
         from tfcluster_agent.taskspec import TaskSpec
+        self.close_listeners()
         specs = [TaskSpec.from_json(spec) for spec in msg.tasks]
         for spec in specs:
             if not is_task_name(spec.name):
@@ -178,7 +180,6 @@ class Agent:
                 os.unlink(os.path.join(self.run_dir, name + ".status"))
                 os.unlink(os.path.join(self.run_dir, name + ".pid"))
             claim = self.claims.take(spec.port)
-            # No claims object: no GPU claimed (its module is not even imported).
             gpu_claims = [] if self._gpu_claims is None else self._gpu_claims.take(spec.gpu_uuids)
             try:
                 proc = S.fork(self.run_dir, name, self.lease, spec, keep_fd=claim,
