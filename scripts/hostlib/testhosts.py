@@ -182,7 +182,8 @@ def begin_state(n):
 
 
 def add_network(state):
-    """sshd's privilege-separation folder, the bridge and, where needed, the firewall rule."""
+    """sshd's privilege-separation folder, the bridge, and where needed the firewall rule and
+    room in the kernel's neighbour table."""
     if not Path("/run/sshd").is_dir():
         os.makedirs("/run/sshd", mode=0o755)
         state["created_run_sshd"] = True
@@ -190,6 +191,8 @@ def add_network(state):
     STATE_FILE.save(state)
     netns.add_bridge()
     state["firewall_rule"] = netns.firewall_open()
+    STATE_FILE.save(state)
+    state["neighbour_limits"] = netns.raise_neighbour_limits(state["n"])
     STATE_FILE.save(state)
 
 
@@ -279,6 +282,8 @@ def down(quiet=False):
 
     # 5. firewall rule, /run/sshd if we created it, inventory, state folder
     netns.firewall_close()
+    if state.get("neighbour_limits"):
+        netns.set_neighbour_limits(state["neighbour_limits"])
     if state.get("created_run_sshd"):
         try:
             os.rmdir("/run/sshd")
