@@ -32,14 +32,16 @@ def find_content(search_path=None):
                      "no checkout at %s): reinstall tfcluster from its wheel" % (COLLECTION, root))
 
 
-def playbook_command(args, collections_dir, root):
-    """The ansible-playbook command line for ARGS (the `deploy` subcommand's options)."""
+def playbook_command(args, collections_dir, root, paths=None):
+    """The ansible-playbook command line for ARGS (the `deploy` subcommand's options); PATHS: a
+    second inventory source with the inventory's SSH files by absolute path (sshfiles.overlay)."""
     if collections_dir:
         playbook = "tfcluster.cluster." + args.playbook
     else:
         playbook = os.path.join(root, "playbooks", args.playbook + ".yml")
     # This interpreter's Ansible: the one installed with tfcluster, whatever PATH says.
     cmd = [sys.executable, "-m", "ansible", "playbook", playbook, "-i", args.inventory]
+    cmd += ["-i", paths] if paths else []
     for value in args.extra_vars:
         cmd += ["-e", value]
     for flag, value in (("--limit", args.limit), ("--tags", args.tags),
@@ -67,22 +69,27 @@ def playbook_env(collections_dir, root, environ=None):
 def check_inventory(inventory):
     # "host1,host2," is an inline host list, not a file.
     if "," not in inventory and not os.path.exists(inventory):
-        raise UsageError("inventory %s: no such file or folder (pass -i INVENTORY, e.g. a copy "
-                         "of inventory/sample/hosts.yml)" % inventory)
+        raise UsageError("inventory %s: no such file or folder (pass -i INVENTORY, e.g. the "
+                         "hosts.yml that `tfcluster init` writes)" % inventory)
 
 
 def run(args):
     check_inventory(args.inventory)
     collections_dir, root = find_content()
-    cmd = playbook_command(args, collections_dir, root)
-    print("tfcluster: ansible-playbook %s" % shown(cmd[4:]), flush=True)
+    print("tfcluster: ansible-playbook %s"
+          % shown(playbook_command(args, collections_dir, root)[4:]), flush=True)
     import subprocess  # here: `tfcluster` reads PLAYBOOKS for every command's --help
-    playbook = subprocess.Popen(cmd, env=playbook_env(collections_dir, root))
-    try:
-        return playbook.wait()
-    except KeyboardInterrupt:
-        # Ctrl-C reached ansible-playbook too: let it finish its own stop.
-        return playbook.wait()
+    from tfcluster import sshfiles
+    # Relative SSH key and known_hosts paths are read from the inventory's folder, as the
+    # launcher reads them, not from the folder ansible-playbook runs in.
+    with sshfiles.overlay(args.inventory) as paths:
+        cmd = playbook_command(args, collections_dir, root, paths)
+        playbook = subprocess.Popen(cmd, env=playbook_env(collections_dir, root))
+        try:
+            return playbook.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached ansible-playbook too: let it finish its own stop.
+            return playbook.wait()
 
 
 def shown(argv):
