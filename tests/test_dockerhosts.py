@@ -181,10 +181,10 @@ def deployed(dockerhosts, tmp_path_factory, request):
     for name in hosts.names:
         hosts.before[name] = hosts.inventory_of(name)
     started = time.monotonic()
-    wheelhouse = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "wheelhouse")],
+    wheelhouse = subprocess.run([sys.executable, "-m", "tfcluster", "wheelhouse"],
                                 cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
-    hosts.timings.append(("scripts/wheelhouse (and its pack)", time.monotonic() - started))
+    hosts.timings.append(("tfcluster wheelhouse (and its pack)", time.monotonic() - started))
     # The hosts' Python is the controller's /usr/bin/python3 (both Debian 12): the deploy
     # unpacks the packed venv instead of running pip.
     assert os.path.isfile(os.path.join(REPO, "wheelhouse", "venv-pack.json")), wheelhouse.stdout[-3000:]
@@ -273,7 +273,7 @@ def assert_fast_path(hosts, proc):
 
 @on_containers
 def test_first_deploy_unpacked_the_packed_venv(deployed):
-    """The venv came from scripts/wheelhouse's pack (unpacked in the background, waited for before
+    """The venv came from `tfcluster wheelhouse`'s pack (unpacked in the background, waited for before
     the stamp): no wheelhouse, no pip; its scripts name the host's venv, tf-keras imports,
     nothing is left of the unpacking, not even Ansible's record of the job."""
     hosts, _, first = deployed

@@ -17,6 +17,22 @@ COLLECTION = os.path.join("ansible_collections", "tfcluster", "cluster")
 PLAYBOOKS = ("deploy", "stop", "teardown", "validate")
 
 
+def add_arguments(parser):
+    """The options of `tfcluster deploy`."""
+    parser.add_argument("-i", "--inventory", required=True)
+    parser.add_argument("--playbook", choices=PLAYBOOKS, default="deploy",
+                        help="which of tfcluster's playbooks (default: deploy)")
+    parser.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS")
+    parser.add_argument("-l", "--limit", metavar="PATTERN")
+    parser.add_argument("-t", "--tags")
+    parser.add_argument("--skip-tags")
+    parser.add_argument("-C", "--check", action="store_true", help="dry run")
+    parser.add_argument("-D", "--diff", action="store_true")
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    parser.epilog = "Arguments after a bare -- go to ansible-playbook; exits with its status"
+    return parser
+
+
 def find_content(search_path=None):
     """(collections dir, content root): the installed collection on SEARCH_PATH (default
     sys.path), else the checkout this tfcluster runs from (collections dir None)."""
@@ -24,12 +40,20 @@ def find_content(search_path=None):
         root = os.path.join(entry or os.getcwd(), COLLECTION)
         if os.path.isfile(os.path.join(root, "playbooks", "deploy.yml")):
             return os.path.abspath(entry or os.getcwd()), root
-    from tfcluster.catalog import code_root
-    root = code_root()  # a checkout's root for an editable install
+    # The folder holding the tfcluster package: a checkout's root for an editable install.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if os.path.isfile(os.path.join(root, "playbooks", "deploy.yml")):
         return None, root
     raise UsageError("tfcluster's playbooks are not installed beside it (no %s on sys.path and "
                      "no checkout at %s): reinstall tfcluster from its wheel" % (COLLECTION, root))
+
+
+def controller_dir(collections_dir, root):
+    """The folder deploy.yml takes wheelhouse/ and data/ from (tfcluster_controller_dir's
+    default): a checkout's root (the one with scripts/wheelhouse), else the current folder."""
+    if not collections_dir and os.path.isfile(os.path.join(root, "scripts", "wheelhouse")):
+        return root
+    return os.getcwd()
 
 
 def playbook_command(args, collections_dir, root, paths=None):
