@@ -35,13 +35,12 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 
 from tfcluster.deploy import controller_dir, find_content
-from tfcluster.wheelpack import build_pack
+from tfcluster.wheelpack import build_pack, call
 
 # The header line the tensorflow role checks against tensorflow_version.
 HEADER = "# tfcluster_tf_version: %s"
@@ -194,11 +193,8 @@ def lock(args):
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
         cmd = lock_command(args, report)
-        print("wheelhouse: " + " ".join(cmd), flush=True)
-        code = subprocess.call(cmd)
+        code = call(cmd, "pip could not resolve the packages")
         if code != 0:
-            print("wheelhouse: pip could not resolve the packages (exit code %d)" % code,
-                  file=sys.stderr)
             return code
         try:
             with open(report) as handle:
@@ -245,10 +241,8 @@ def run(args):
     os.makedirs(args.dest, exist_ok=True)
     started = time.monotonic()
     for cmd in (pip_command(args), no_deps_command(args)):
-        print("wheelhouse: " + " ".join(cmd), flush=True)
-        code = subprocess.call(cmd)
+        code = call(cmd, "pip download failed")
         if code != 0:
-            print("wheelhouse: pip download failed with exit code %d" % code, file=sys.stderr)
             return code
     wheels = sorted(p for p in os.listdir(args.dest) if p.endswith(".whl"))
     size = sum(os.path.getsize(os.path.join(args.dest, p)) for p in wheels)

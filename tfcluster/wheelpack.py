@@ -63,6 +63,15 @@ def python_version(python):
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def call(cmd, failure):
+    """CMD's exit code; the command is shown first, FAILURE with the code when it fails."""
+    print("wheelhouse: " + " ".join(cmd), flush=True)
+    code = subprocess.call(cmd)
+    if code != 0:
+        print("wheelhouse: %s (exit code %d)" % (failure, code), file=sys.stderr)
+    return code
+
+
 def read_metadata(path):
     try:
         with open(path) as handle:
@@ -120,11 +129,8 @@ def build_pack(args):
             steps.append([python, "-m", "pip", "install", "--no-deps"] + source
                          + wanted["inputs"]["no_deps"])
         for cmd in steps:
-            print("wheelhouse: " + " ".join(cmd), flush=True)
-            code = subprocess.call(cmd)
+            code = call(cmd, "building the packed environment failed")
             if code != 0:
-                print("wheelhouse: building the packed environment failed (exit code %d)" % code,
-                      file=sys.stderr)
                 return code
         # Inside the build folder until whole: a failure leaves no 400 MB part in DEST.
         partial = os.path.join(build, PACK_ARCHIVE + ".part")
