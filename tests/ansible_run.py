@@ -57,10 +57,14 @@ class Ansible:
         return proc
 
     def close(self):
-        """End the SSH master connections Ansible left running (ControlPersist)."""
-        for name in os.listdir(self.control_dir):
-            subprocess.run(["ssh", "-O", "exit", "-o", "ControlPath=" + os.path.join(
-                self.control_dir, name), "tfcluster-test"], capture_output=True, timeout=10)
+        close_ssh_masters(self.control_dir)
+
+
+def close_ssh_masters(folder):
+    """End the SSH master connections Ansible left running in FOLDER (ControlPersist)."""
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        subprocess.run(["ssh", "-O", "exit", "-o", "ControlPath=" + os.path.join(folder, name),
+                        "tfcluster-test"], capture_output=True, timeout=10)
 
 
 def explain(proc):
