@@ -18,8 +18,9 @@ from installed_wheel import build_wheel, install_wheel, run_installed
 from tfcluster import cli, deploy, wheelhouse
 
 COLLECTION = "ansible_collections/tfcluster/cluster/"
-# What `make collection` puts in the tarball: the Ansible content and the host packages.
-TARBALL_TOP = {"README.md", "meta", "playbooks", "roles", "tfcluster_agent", "trainers"}
+# What `make collection` puts in the tarball: the Ansible content, the host packages and the
+# datasets role's manifest (tfcluster/datasets.json, its one file from tfcluster/).
+TARBALL_TOP = {"README.md", "meta", "playbooks", "roles", "tfcluster", "tfcluster_agent", "trainers"}
 HARMLESS_INVENTORY = """all:
   vars:
     ansible_connection: local
@@ -62,10 +63,11 @@ def test_playbook_names_are_collection_names():
 def test_tarball_leaves_everything_else_out():
     """galaxy.yml's build_ignore, applied to the checkout's files, leaves just TARBALL_TOP."""
     patterns = yaml.safe_load(open(os.path.join(REPO, "galaxy.yml")))["build_ignore"]
-    kept = {path.split("/")[0] for path in git_files()
+    kept = [path for path in git_files()
             if not any(fnmatch.fnmatch(part, pattern)
-                       for part in (path.split("/")[0], path) for pattern in patterns)}
-    assert kept == TARBALL_TOP | {"galaxy.yml"}, kept
+                       for part in (path.split("/")[0], path) for pattern in patterns)]
+    assert {path.split("/")[0] for path in kept} == TARBALL_TOP | {"galaxy.yml"}, kept
+    assert [path for path in kept if path.startswith("tfcluster/")] == ["tfcluster/datasets.json"]
 
 
 def test_find_content_prefers_the_installed_collection(tmp_path):
@@ -158,8 +160,9 @@ def test_wheel_carries_the_checkouts_ansible_content(wheel):
             with open(os.path.join(REPO, path), "rb") as handle:
                 assert archive.read(COLLECTION + path) == handle.read(), path
         # The host packages the trainers role pushes sit beside ansible_collections/.
-        assert {"tfcluster_agent/agent.py", "trainers/requirements.txt",
-                "trainers/requirements-no-deps.txt", "trainers/datasets.json"} <= names
+        assert {"tfcluster_agent/agent.py", "tfcluster_agent/hostcode.json", "trainers/requirements.txt",
+                "trainers/requirements-no-deps.txt", "tfcluster/datasets.json",
+                "tfcluster/catalog.yml"} <= names
 
 
 @pytest.mark.slow

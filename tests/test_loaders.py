@@ -15,7 +15,7 @@ import pytest
 
 from trainers import data
 from tfcluster import cli
-from tfcluster import data as fetcher
+from tfcluster import datafetch as fetcher
 from tfcluster.errors import TfclusterError
 
 

@@ -306,8 +306,8 @@ def cmd_spec(args):
 
 def cmd_check(args):
     from tfcluster import spec
-    from tfcluster.inventory import load_hosts
-    cluster = spec.build_cluster(load_hosts(args.inventory))
+    from tfcluster.inventory import require_slots
+    cluster = spec.build_cluster(require_slots(args.inventory))
     from tfcluster.preflight import check_hosts
     from tfcluster.report import PlainReporter
     check_hosts(cluster, PlainReporter())
@@ -316,8 +316,8 @@ def cmd_check(args):
 
 def cmd_gpus(args):
     from tfcluster import gpustable
-    from tfcluster.inventory import load_hosts
-    return gpustable.show(load_hosts(args.inventory), args.watch)
+    from tfcluster.inventory import require_slots
+    return gpustable.show(require_slots(args.inventory), args.watch)
 
 
 def cmd_sync(args):
@@ -355,10 +355,10 @@ def cmd_runs(args):
 
 
 def cmd_data(args):
-    from tfcluster import data
+    from tfcluster import datafetch
     if args.data_command != "fetch":
         raise UsageError("usage: tfcluster data fetch NAME --dest DIR")
-    data.fetch(args.name, os.path.abspath(args.dest), source=args.source)
+    datafetch.fetch(args.name, os.path.abspath(args.dest), source=args.source)
     return 0
 
 

@@ -109,8 +109,9 @@ CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "tfcluster")
 VOLATILE = re.compile(rb"lookup\(|query\(|\bq\(|now\(|random|^\s*plugin\s*:", re.M)
 
 
-def load_hosts(path):
-    """load_slots(PATH), refused when it has no host in a job group (nothing to act on)."""
+def require_slots(path):
+    """load_slots(PATH), refused when it has no slot (no host in a job group: nothing to act
+    on)."""
     slots = load_slots(path)
     if not slots:
         raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups: "

@@ -14,18 +14,18 @@ from tfcluster import gpuqueue, runs
 from tfcluster.catalog import check_templates
 from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
-from tfcluster.hosts import HostError, Hosts
+from tfcluster.hosts import Hosts
 from tfcluster.inventory import JOBS
 from tfcluster.metrics import MetricsStore, efficiency_message
 from tfcluster.monitor import Monitor, describe_exit, first_failure, policy_met, tracked
 from tfcluster.plot import draw_in_background
 from tfcluster.preflight import controller_code_hash, preflight, print_preflight
+from tfcluster.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
 from tfcluster.taskenv import data_needs, host_run_dir, task_specs, thread_plan
 from tfcluster.teardown import finish, stop_tasks, write_task_records
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import RECORDED_FACTS, MachineRecord, TaskRecord
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once
@@ -157,7 +157,8 @@ class Launch:
 
     def _write_record(self, reports, specs):
         record, options = self.record, self.options
-        record.example, record.state, record.created = options.example.name, "starting", runs.now()
+        record.become(RunState.STARTING)
+        record.example, record.created = options.example.name, runs.now()
         record.inventory = os.path.abspath(self.inventory)
         record.success_policy, record.smoke = options.example.success, options.smoke
         record.user_args, record.detach = list(options.user_args), options.detach
@@ -190,12 +191,9 @@ class Launch:
                                 what="to start its tasks")
 
         machines = [m for m, _ in self.cluster.machines()]
-        outcomes = self.hosts.each(start, machines, timeout=70)
-        for machine in machines:
-            if isinstance(outcomes[machine.key], Exception):
-                err = outcomes[machine.key]
-                raise RunFailed("could not start the tasks on %s: %s" % (
-                    machine.label, err.reason if isinstance(err, HostError) else err))
+        failed = self.hosts.each(start, machines, timeout=70).reasons(machines)
+        if failed:
+            raise RunFailed("could not start the tasks on " + failed[0])
 
     def _wait_for_pids(self, seconds=15):
         deadline = time.monotonic() + seconds

@@ -14,8 +14,8 @@ import types
 
 from tfcluster import runs
 from tfcluster.hosts import CLOSED
+from tfcluster.record import RestartEntry, RunState, TaskState, TaskStatus, check_transition
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import RestartEntry, TaskState, TaskStatus, check_transition
 
 TRACKED_JOBS = ("chief", "worker")
 TAIL_LINES = 20
@@ -119,7 +119,8 @@ class Monitor:
             entry = record.tasks[task.label]
             entry.pid = state.pid if state else None
             entry.state = check_transition(task.label, entry.state, TaskState.RUNNING)
-        record.state, record.started = "running", runs.now()
+        record.become(RunState.RUNNING)
+        record.started = runs.now()
         runs.save(record)
 
     def record_restart(self, record, task, why, whole):

@@ -5,7 +5,7 @@ import os
 from tfcluster import gpus
 from tfcluster.catalog import task_command
 from tfcluster_agent import datafiles
-from tfcluster_agent.runmodel import TaskSpec
+from tfcluster_agent.taskspec import TaskSpec
 
 
 def host_run_dir(machine, run_id):

@@ -123,7 +123,7 @@ class Agent:
         self.send(P.Report(report=gpuinfo.host_gpus(msg.nvidia_smi, set(self.gpu_claims.held))))
 
     def on_start(self, msg):
-        from tfcluster_agent.runmodel import TaskSpec
+        from tfcluster_agent.taskspec import TaskSpec
         specs = [TaskSpec.from_json(spec) for spec in msg.tasks]
         for spec in specs:
             if not is_task_name(spec.name):
