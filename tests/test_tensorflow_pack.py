@@ -15,7 +15,7 @@ import tarfile
 
 import pytest
 
-from ansible_run import ansible_tool, task_status_runs, task_statuses
+from ansible_run import run_on_local_hosts, task_status_runs, task_statuses
 from conftest import REPO
 from tfcluster import wheelhouse, wheelpack
 
@@ -167,26 +167,6 @@ def write_pack(args, base_python, **changes):
     with open(os.path.join(args.dest, wheelpack.PACK_METADATA), "w") as handle:
         json.dump(metadata, handle)
     return metadata
-
-
-def run_on_local_hosts(tmp_path, hosts, tasks, *args, env=None):
-    """ansible-playbook of TASKS (YAML, indented as a play's) after the tfcluster role on local
-    HOSTS ({name: host vars as YAML}), offline from tmp_path's wheelhouse."""
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        "all:\n  vars:\n    ansible_connection: local\n"
-        "    ansible_python_interpreter: %s\n  hosts:\n%s"
-        % (sys.executable, "".join("    %s: %s\n" % item for item in hosts.items())))
-    playbook = tmp_path / "install.yml"
-    playbook.write_text("- name: Install TensorFlow\n  hosts: all\n  gather_subset: [min]\n"
-                        "  roles: [tfcluster]\n  tasks:\n" + tasks)
-    return subprocess.run(
-        [ansible_tool("ansible-playbook"), "-i", str(inventory), str(playbook), *args,
-         "-e", "tfcluster_src=" + REPO, "-e", "tensorflow_install_mode=offline",
-         "-e", "tensorflow_wheelhouse_src=%s" % (tmp_path / "wheelhouse")],
-        cwd=str(tmp_path), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-        env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-                 ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"), **(env or {})))
 
 
 def test_pack_inputs_read_the_files_as_the_role_does(tmp_path):
