@@ -4,10 +4,8 @@ Each HOST is [USER@]ADDRESS[:PORT]; the first is the parameter server, the other
 (one host alone is both). Without hosts, init asks for them on a terminal. `--sample` copies the
 full sample inventory instead (a GPU cluster, group_vars/ by topic), which the wheel carries.
 """
-import getpass
 import os
 import re
-import shutil
 import sys
 
 from tfcluster.errors import UsageError
@@ -55,8 +53,7 @@ def add_arguments(parser):
     parser.add_argument("hosts", nargs="*", metavar="HOST",
                         help="[USER@]ADDRESS[:PORT]: the first is the ps, the others workers "
                              "(none: asked on a terminal)")
-    parser.add_argument("--user", help="SSH user for hosts without USER@ (default: yours, %s)"
-                        % getpass.getuser())
+    parser.add_argument("--user", help="SSH user for hosts without USER@ (default: yours)")
     parser.add_argument("--key", metavar="FILE", help="SSH private key (default: ssh's own)")
     parser.add_argument("--known-hosts", metavar="FILE",
                         help="known_hosts file with the hosts' keys (default: ~/.ssh/known_hosts)")
@@ -142,6 +139,7 @@ def run(args):
     os.makedirs(folder, exist_ok=True)
     key = file_path(args.key, folder) if args.key else None
     known = file_path(args.known_hosts, folder) if args.known_hosts else None
+    import getpass
     text = inventory_text(hosts, args.user or getpass.getuser(), key, known)
     with open(target, "w") as handle:
         handle.write(text)
@@ -152,6 +150,7 @@ def run(args):
 
 
 def copy_sample(folder, force):
+    import shutil
     from tfcluster.deploy import find_content
     sample = os.path.join(find_content()[1], "inventory", "sample")
     if not os.path.isdir(sample):

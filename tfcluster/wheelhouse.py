@@ -32,15 +32,12 @@ checkout or wheel this tfcluster runs from. Standard library only: scripts/wheel
 with any Python 3.
 """
 import argparse
-import json
 import os
 import re
 import sys
-import tempfile
 import time
 
 from tfcluster.deploy import controller_dir, find_content
-from tfcluster.wheelpack import build_pack, call
 
 # The header line the tensorflow role checks against tensorflow_version.
 HEADER = "# tfcluster_tf_version: %s"
@@ -190,6 +187,9 @@ def locked_version(path):
 
 
 def lock(args):
+    import json
+    import tempfile
+    from tfcluster.wheelpack import call
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
         cmd = lock_command(args, report)
@@ -216,6 +216,8 @@ def main(argv=None, prog="wheelhouse"):
 
 
 def run(args):
+    # Here, not at the top: `tfcluster` builds every command's parser (add_arguments) each start.
+    from tfcluster.wheelpack import build_pack, call
     content = Content()
     if args.lock and content.installed and args.constraints is None:
         print("wheelhouse: --lock rewrites the constraints file the deploy installs with, which "
