@@ -16,12 +16,14 @@ dockerhosts builds must describe the same hosts.
 """
 import json
 import os
+import pathlib
 import re
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -227,7 +229,7 @@ def deployed(dockerhosts, tmp_path_factory, request):
 
 
 @on_containers
-def test_the_readme_install_lines_run_on_bare_containers(dockerhosts, tmp_path):
+def test_the_readme_install_lines_run_on_bare_containers(dockerhosts, tmp_path, request):
     """README.md's Install lines, read from it, as a user types them: in an empty folder outside
     the checkout, with a venv that has the wheel installed (tests/installed_wheel.py), on the bare
     containers (their addresses for the README's host names, dockerhosts' key and known_hosts for
@@ -240,7 +242,11 @@ def test_the_readme_install_lines_run_on_bare_containers(dockerhosts, tmp_path):
     hosts = dockerhosts
     before = {name: hosts.inventory_of(name) for name in hosts.names}
     python, _, _ = install_wheel(build_wheel(str(tmp_path)), str(tmp_path / "installed"))
-    home = tmp_path / "home"  # ~ in the README's lines
+    # ~ in the README's lines. A short path, as a home is: the packed venv is built under
+    # ~/mycluster/wheelhouse, and pip gives scripts whose interpreter's path would be longer
+    # than a #! line allows a /bin/sh preamble instead (the deploy tests below check the #!).
+    home = pathlib.Path(tempfile.mkdtemp(prefix="tfc-readme-"))
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
     (home / ".ssh").mkdir(parents=True)
     os.symlink(os.path.dirname(os.path.dirname(python)), home / "tfc")
     shutil.copy(dh.KEY, home / ".ssh" / "id_ed25519")
