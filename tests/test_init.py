@@ -94,6 +94,8 @@ def test_without_hosts_it_asks_on_a_terminal(tmp_path, monkeypatch, capsys):
     ([".", "user@host:99999"], "host 'user@host:99999' is not [USER@]ADDRESS[:PORT]"),
     ([".", "a@b@c"], "host 'a@b@c' is not [USER@]ADDRESS[:PORT]"),
     ([".", "h1", "--key", "/nonexistent/id"], "no file /nonexistent/id: give an existing"),
+    (["root@h1", "root@h2"], "the first argument is the folder: tfcluster init DIR HOST ..., "
+                             "e.g. tfcluster init . root@h1 root@h2"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, capsys, argv,
                                                           message):

@@ -122,6 +122,10 @@ def ask(args):
 
 
 def run(args):
+    if "@" in args.dir and not os.path.isdir(args.dir):
+        raise UsageError("%s is a host, but the first argument is the folder: tfcluster init "
+                         "DIR HOST ..., e.g. tfcluster init . %s" % (args.dir, " ".join(
+                             [args.dir] + args.hosts)))
     folder = os.path.abspath(args.dir)
     target = os.path.join(folder, INVENTORY)
     if os.path.exists(target) and not args.force:
