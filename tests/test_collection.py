@@ -42,6 +42,18 @@ def git_files(*paths):
     return [p for p in out.split("\0") if p]
 
 
+def test_pyproject_lists_every_python_package_of_the_checkout():
+    """setuptools puts only the packages named in the wheel, subpackages too (trainers.common,
+    trainers.cifar10): a package left out would be missing from an installed tfcluster."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib: Python 3.11+")
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as handle:
+        listed = set(tomllib.load(handle)["tool"]["setuptools"]["packages"])
+    found = {os.path.dirname(path).replace("/", ".")
+             for path in git_files("tfcluster", "tfcluster_agent", "trainers")
+             if path.endswith("/__init__.py")}
+    assert found == listed
+
+
 def test_collection_metadata_matches_the_package():
     galaxy = yaml.safe_load(open(os.path.join(REPO, "galaxy.yml")))
     pyproject = open(os.path.join(REPO, "pyproject.toml")).read()
@@ -162,7 +174,8 @@ def test_wheel_carries_the_checkouts_ansible_content(wheel):
         # The host packages the trainers role pushes sit beside ansible_collections/.
         assert {"tfcluster_agent/agent.py", "tfcluster_agent/hostcode.json", "trainers/requirements.txt",
                 "trainers/requirements-no-deps.txt", "tfcluster/datasets.json",
-                "tfcluster/catalog.yml"} <= names
+                "tfcluster/catalog.yml", "trainers/common/loop.py",
+                "trainers/cifar10/__main__.py"} <= names
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 from tfcluster import cli, datasources
 from tfcluster import datafetch as fetcher
 from tfcluster.errors import TfclusterError
-from trainers import data
+from trainers.common import data
 
 NAMES = data.MNIST_FILES
 REAL_APT_DOWNLOAD = datasources.apt_download

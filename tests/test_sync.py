@@ -61,7 +61,7 @@ def test_sync_sends_only_what_changed_and_deletes_stale_files(tmp_path, capsys, 
     # One changed file travels alone; a file and a folder gone from the controller go from the host.
     module = controller / "trainers" / "mnist_replica.py"
     module.write_text(module.read_text() + "\n# edited\n")
-    os.chmod(controller / "trainers" / "loop.py", 0o755)
+    os.chmod(controller / "trainers" / "common" / "loop.py", 0o755)
     (root / "trainers" / "stale.py").write_text("x = 1\n")
     (root / "trainers" / "old").mkdir()
     (root / "trainers" / "old" / "gone.py").write_text("y = 2\n")
@@ -71,7 +71,7 @@ def test_sync_sends_only_what_changed_and_deletes_stale_files(tmp_path, capsys, 
     lines = sync_lines(capsys, "-i", inventory)
     assert "2 file(s) sent" in lines[0] and "2 deleted" in lines[0], lines
     assert (root / "trainers" / "mnist_replica.py").read_text().endswith("# edited\n")
-    assert os.stat(root / "trainers" / "loop.py").st_mode & 0o777 == 0o755
+    assert os.stat(root / "trainers" / "common" / "loop.py").st_mode & 0o777 == 0o755
     assert not (root / "trainers" / "stale.py").exists() and not (root / "trainers" / "old").exists()
     assert (root / "trainers" / "__pycache__" / "kept.pyc").exists()  # caches are never touched
     assert (root / "trainers.sha256").read_text() == code_hash(str(controller)) + "\n"
@@ -99,7 +99,7 @@ def test_only_host_code_makes_a_host_stale(tmp_path, capsys, monkeypatch):
         copy.write_text(copy.read_text() + edit)
         assert code_hash(str(root)) == code_hash(str(code)), path
     assert "0 file(s) sent" in sync_lines(capsys, "-i", inventory)[0]
-    for path in (taskspec.__file__, os.path.join(REPO, "trainers", "loop.py")):
+    for path in (taskspec.__file__, os.path.join(REPO, "trainers", "common", "loop.py")):
         copy = code / os.path.relpath(path, REPO)
         before = code_hash(str(code))
         copy.write_text(copy.read_text() + "\n# edited\n")
