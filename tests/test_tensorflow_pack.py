@@ -242,19 +242,6 @@ def test_role_unpacks_a_matching_pack_and_falls_back_to_pip(tmp_path):
         assert status.get((pip, name)) == "changed", (name, proc.stdout[-5000:])
 
 
-@pytest.mark.slow
-def test_an_empty_wheelhouse_is_refused_naming_the_command_that_fills_it(tmp_path):
-    """Offline without wheels: the role says which command fills the folder it read (a dry run
-    reports it and goes on)."""
-    (tmp_path / "wheelhouse").mkdir()
-    proc = run_on_local_hosts(tmp_path, {"fresh": "{tfcluster_root: %s}" % (tmp_path / "root")},
-                              "    - name: Install TensorFlow\n      ansible.builtin.import_role:\n"
-                              "        name: tensorflow\n", "--check")
-    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
-    assert "run `tfcluster wheelhouse --dest %s` on the controller first" % (
-        tmp_path / "wheelhouse") in " ".join(proc.stdout.split()), proc.stdout[-5000:]
-
-
 @pytest.mark.root
 @pytest.mark.slow
 def test_background_unpack_is_waited_for_and_its_failure_fails_the_deploy(tmp_path):
