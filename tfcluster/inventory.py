@@ -48,6 +48,9 @@ class Machine:
     gpu_count: int | None = None
     gpu_busy_mib: int = 300
     gpu_share: bool = False
+    # Seconds a training task may print nothing and use almost no CPU before it is stalled
+    # (tfcluster/stall.py); 0: not watched.
+    stall_after: float = 120.0
 
     @property
     def tf_host(self):
@@ -263,6 +266,8 @@ def _slot(hostname, job, host_vars, templar, folder):
         _int(get("tfcluster_gpu_count"), "tfcluster_gpu_count", hostname),
         gpu_busy_mib=_int(get("tfcluster_gpu_busy_mib", 300), "tfcluster_gpu_busy_mib", hostname),
         gpu_share=_flag(get("tfcluster_gpu_share", False), "tfcluster_gpu_share", hostname),
+        stall_after=_seconds(get("tfcluster_stall_after", 120), "tfcluster_stall_after",
+                             hostname, zero="0 turns the watch off"),
     )
     port = get("tfcluster_port")
     return Slot(
@@ -302,14 +307,15 @@ def _ssh_port(value, hostname):
     return port
 
 
-def _seconds(value, name, hostname):
+def _seconds(value, name, hostname, zero=None):
+    """A number of seconds above 0; ZERO (what 0 means) allows 0 too."""
     try:
         seconds = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise UsageError("host %s: %s must be a number of seconds above 0, not %r: fix %s"
-                         % (hostname, name, value, name))
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero):
+        raise UsageError("host %s: %s must be a number of seconds above 0%s, not %r: fix %s"
+                         % (hostname, name, " (%s)" % zero if zero else "", value, name))
     return seconds
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from tfcluster import gpuqueue, runs
 from tfcluster.catalog import check_templates
+from tfcluster.diagnose import collective_abort_cause
 from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
 from tfcluster.hosts import Hosts
@@ -23,6 +24,7 @@ from tfcluster.preflight import controller_code_hash, preflight, print_preflight
 from tfcluster.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
+from tfcluster.stall import StallFollower
 from tfcluster.taskenv import data_needs, host_run_dir, task_specs, thread_plan
 from tfcluster.teardown import finish, stop_tasks, write_task_records
 from tfcluster_agent import protocol as P
@@ -55,6 +57,8 @@ class LaunchOptions:
     env: dict = field(default_factory=dict)
     wait: bool = False             # wait for claimed or busy GPUs and ports (gpuqueue)
     share_busy_gpus: bool = False  # hand out GPUs other processes use, knowingly
+    stall_after: float | None = None  # None: each machine's tfcluster_stall_after; 0: off
+    on_stall: str = "report"       # or "stop" (tfcluster/stall.py)
 
 
 class Launch:
@@ -135,7 +139,11 @@ class Launch:
                 self.monitor.close()
                 return 0
             self.hosts.start_pinging()
+            self.stalls = StallFollower(self.hosts, self.cluster, self.record, self.monitor,
+                                        self.reporter, options.stall_after, options.on_stall)
+            self.stalls.watch()
             outcome, lost = self._follow()
+            outcome = self.stalls.explain(outcome)
         except TfclusterError as err:
             outcome = err
         except BaseException as err:
@@ -260,6 +268,9 @@ class Launch:
             if monitor.write_error is not None:
                 return RunFailed("cannot write the logs in %s: %s" % (
                     self.record.dir, monitor.write_error)), []
+            stalled = self.stalls.check()
+            if stalled is not None:
+                return stalled, []
             failed = first_failure(cluster, monitor.states)
             if failed and self._restart(failed[0], failed[1]):
                 continue
@@ -269,6 +280,8 @@ class Launch:
                     message = "%s on %s %s before it listened on %s" % (
                         task.label, task.machine.address,
                         describe_exit(monitor.states[task.label]), task.address)
+                message = collective_abort_cause(cluster, monitor.states, monitor.ended_at, task,
+                                                 monitor.tails[task.label]) or message
                 return RunFailed(message, task=task), []
             lost = monitor.lost_machines(options.lost_contact)
             if lost:

@@ -11,6 +11,7 @@ from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.hints import print_hints
 from tfcluster.monitor import TAIL_LINES, policy_met
 from tfcluster.record import RunState, TaskState
+from tfcluster.stall import stall_cause
 from tfcluster.summary import print_summary
 from tfcluster_agent import protocol as P
 
@@ -85,6 +86,8 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
     except OSError as err:
         reporter.note("WARNING cannot write the run's records in %s: %s" % (
             record.dir, err.strerror or err))
+    if stall_cause(outcome):
+        reporter.note("the run stalled: %s" % stall_cause(outcome))
     print_summary(reporter, cluster, record)
     if isinstance(outcome, RunFailed) and outcome.task is not None:
         reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))

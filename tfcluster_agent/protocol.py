@@ -155,10 +155,19 @@ def encode(msg):
     return json.dumps(dict(as_dict(msg), type=msg.kind), separators=(",", ":")) + "\n"
 
 
+# Messages defined by the module that uses them, loaded with the first one: the agent's start
+# pays nothing for them.
+DEFINED_IN = dict.fromkeys(("watch_stalls", "take_stacks", "stalled", "resumed"),
+                           "tfcluster_agent.stall")
+
+
 def decode(line):
     """The message a line carries; ValueError for anything else."""
     data = json.loads(line)
-    cls = MESSAGES.get(data.pop("type", None)) if isinstance(data, dict) else None
+    kind = data.pop("type", None) if isinstance(data, dict) else None
+    if kind in DEFINED_IN and kind not in MESSAGES:
+        __import__(DEFINED_IN[kind])
+    cls = MESSAGES.get(kind)
     if cls is None:
         raise ValueError("not a tfcluster message: %r" % line[:200])
     known = set(cls.field_names)
