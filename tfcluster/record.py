@@ -96,6 +96,7 @@ class PreflightReport:
     missing_data: dict = field(default_factory=dict)   # folder -> [missing files]
     # gpuinfo.host_gpus(): driver, gpus, error, warning, absent
     gpu_facts: dict = field(default_factory=dict)
+    proxy_env: dict = field(default_factory=dict)      # hostinfo.proxy_facts(): names, no_proxy
     reached: bool = True
 
     def to_json(self):
