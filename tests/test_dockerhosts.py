@@ -86,11 +86,11 @@ def inventory_vars(path):
 def test_committed_inventory_is_the_3_hosts_up_3_writes(tmp_path):
     """The committed inventory (docker compose users, from the repository root) and what `up 3`
     writes (absolute paths: any folder) name the same hosts and the same key files."""
-    with open(dh.INVENTORY) as handle:
+    with open(dh.COMMITTED_INVENTORY) as handle:
         assert handle.read() == dh.inventory_text(3, dh.committed_keys())
     written = tmp_path / "compose.yml"
     written.write_text(dh.inventory_text(3))
-    committed, absolute = inventory_vars(dh.INVENTORY), inventory_vars(written)
+    committed, absolute = inventory_vars(dh.COMMITTED_INVENTORY), inventory_vars(written)
     assert absolute["ansible_ssh_private_key_file"] == str(dh.KEY)
     assert absolute["tfcluster_known_hosts"] == str(dh.KNOWN_HOSTS)
     assert committed["ansible_ssh_private_key_file"] == "deploy/compose/keys/id_ed25519"

@@ -1,6 +1,6 @@
 """The dockerhosts commands: hosts ps1, worker1.. as containers of tfcluster-sshd:debian12
 (image.py) on the internal Docker network tfc-dockerhosts (10.232.0.0/24), run by the engine of
-engine.py. Writes inventory/compose.yml with absolute paths and deploy/compose/keys/known_hosts
+engine.py. Writes inventory/dockerhosts.yml (git-ignored; absolute paths) and deploy/compose/keys/known_hosts
 (host keys read from each container's log, never accepted blindly); makes the client key
 deploy/compose/keys/id_ed25519 if missing."""
 
@@ -21,7 +21,10 @@ PROG = "dockerhosts"
 KEYS = image.COMPOSE_DIR / "keys"
 KEY = KEYS / "id_ed25519"
 KNOWN_HOSTS = KEYS / "known_hosts"
-INVENTORY = REPO / "inventory" / "compose.yml"
+INVENTORY = REPO / "inventory" / "dockerhosts.yml"
+# The 3-host version for docker compose users, kept in git: `up` never writes it, so a checkout
+# stays clean and tests reading it never race a running `up`.
+COMMITTED_INVENTORY = REPO / "inventory" / "compose.yml"
 LOCK_FILE = Path("/run/lock/tfc-dockerhosts.lock")
 NETWORK = "tfc-dockerhosts"
 BRIDGE = "tfcdh0"  # not tfc-*: scripts/testhosts deletes every link named tfc-*
@@ -87,12 +90,12 @@ def inventory_text(n, keys=KEYS):
     """What `up N` writes: KEYS absolute, so it works from any folder. The 3-host version kept in
     git, for docker compose users, is inventory_text(3, committed_keys())."""
     if keys.is_absolute():
-        head = [f"{INVENTORY_MARKER} (`up {n}`); `down` puts back the 3-host version kept in git."]
+        head = [f"{INVENTORY_MARKER} (`up {n}`); `down` removes it."]
         paths = "paths are absolute: it works from any folder."
     else:
-        head = ["# the 3-host version kept in git, which `scripts/dockerhosts down` puts back "
-                "(`up N` writes",
-                "# its own, with absolute paths)."]
+        head = ["# the 3-host version kept in git for docker compose (`scripts/dockerhosts up N` "
+                "writes its own,",
+                "# inventory/dockerhosts.yml, with absolute paths)."]
         paths = "paths are relative to the repository root: run from there."
     lines = head + [
         "# Containers of deploy/compose (scripts/dockerhosts, or docker compose: same names and",
@@ -256,7 +259,7 @@ def remove_through_engine(state):
 
 def remove_files(state):
     """Build dirs of an interrupted debootstrap, keys and known_hosts we made, the state folder
-    (engine data-root included), and the inventory back to the 3-host one kept in git."""
+    (engine data-root included), and the inventory `up` wrote."""
     for d in image.CACHE.glob(".build-*"):
         remove_tree(d)
     KNOWN_HOSTS.unlink(missing_ok=True)
@@ -270,9 +273,8 @@ def remove_files(state):
     if STATE.exists():
         assert STATE.name == "dockerhosts" and STATE.parent == REPO / ".work"
         remove_tree(STATE)
-    committed = inventory_text(3, committed_keys())
-    if INVENTORY.exists() and INVENTORY.read_text() != committed:
-        write_atomically(INVENTORY, committed)
+    if INVENTORY.exists() and INVENTORY.read_text().startswith(INVENTORY_MARKER):
+        INVENTORY.unlink()
 
 
 def down(quiet=False):
