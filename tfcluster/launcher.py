@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from tfcluster import gpuqueue, runs
+from tfcluster import gpuqueue, runs, sharing
 from tfcluster.catalog import check_templates
 from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
@@ -108,6 +108,9 @@ class Launch:
                                     expect_code=options.example.name != "custom",
                                     data_needs=data_needs(self.cluster, options)),
             lambda found: print_preflight(self.reporter, self.cluster, found))
+        self.cluster = sharing.place_run_folders(self.cluster, reports)
+        for line in sharing.unfenced_warnings(self.cluster, reports):
+            self.reporter.note("warning: " + line)
         specs = self.specs = task_specs(self.cluster, options, self.run_id,
                                         thread_plan(self.cluster, reports, options))
         gpuqueue.hand_claims(specs, self.cluster, reports)
@@ -181,15 +184,17 @@ class Launch:
     def _start(self, specs):
         """Every task of every machine at once: TensorFlow clients wait for their servers."""
         lease = 0 if self.options.detach else self.options.lease
+        machines = [m for m, _ in self.cluster.machines()]
+        run_dirs = {m.key: host_run_dir(m, self.run_id) for m in machines}
+        launch = sharing.launch_token(self.cluster)
 
         def start(link):
             mine = [specs[t.label].to_json() for t in self.cluster.tasks
                     if t.machine.key == link.machine.key]
-            return link.request(P.Start(run_dir=host_run_dir(link.machine, self.run_id),
-                                        tasks=mine, lease=lease), timeout=60,
+            return link.request(P.Start(run_dir=run_dirs[link.machine.key], tasks=mine,
+                                        lease=lease, launch=launch), timeout=60,
                                 what="to start its tasks")
 
-        machines = [m for m, _ in self.cluster.machines()]
         outcomes = self.hosts.each(start, machines, timeout=70)
         for machine in machines:
             if isinstance(outcomes[machine.key], Exception):

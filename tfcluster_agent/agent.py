@@ -110,9 +110,11 @@ class Agent:
                                   msg.datasets, msg.nvidia_smi,
                                   lambda: set(self.gpu_claims.held))
         report["port_holders"] = self.claims.claim(
-            [int(p) for p in msg.ports], "a launch in its preflight (agent pid %d)" % os.getpid())
+            [int(p) for p in msg.ports], "a launch in its preflight, agent pid %d" % os.getpid())
         for port in report["port_holders"]:
             report["ports"][port] = False
+        from tfcluster_agent.shares import preflight_facts
+        report.update(preflight_facts(msg.workdir, msg.fence_file))
         self.send(P.Report(report=report))
 
     def on_claim_gpus(self, msg):
@@ -157,13 +159,8 @@ class Agent:
             raise ValueError("port(s) %s claimed by %s: nothing started" % (
                 ", ".join(taken), "; ".join(sorted(set(taken.values())))))
         if not msg.restart:
-            os.makedirs(os.path.dirname(msg.run_dir.rstrip("/")) or "/", exist_ok=True)
-            # Created here or refused: a run never adopts a folder another run made.
-            try:
-                os.mkdir(msg.run_dir, 0o700)
-            except FileExistsError:
-                raise ValueError("run folder %s exists already: another run has this id; "
-                                 "choose another --run-id" % msg.run_dir) from None
+            from tfcluster_agent.shares import make_run_folder
+            make_run_folder(msg.run_dir, msg.launch)  # made here or refused, never adopted
             self.run_dir, self.lease = msg.run_dir, float(msg.lease)
             S.write_atomic(os.path.join(self.run_dir, ".lease"), "")
             if not self.lease:

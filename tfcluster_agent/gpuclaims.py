@@ -21,7 +21,6 @@ import json
 import os
 import pwd
 import re
-import socket
 import stat
 import time
 
@@ -91,7 +90,7 @@ def write_label(fd, label):
 
 def label(run, task="", **extra):
     return dict(extra, run=run, task=task, user=user_name(), pid=os.getpid(),
-                host=socket.gethostname())
+                host=os.uname().nodename)
 
 
 def holder(uuid):

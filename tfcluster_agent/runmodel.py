@@ -117,6 +117,8 @@ class PreflightReport:
     port_holders: dict = field(default_factory=dict)   # "port" -> the run that claimed it
     missing_data: dict = field(default_factory=dict)   # folder -> [missing files]
     gpu_facts: dict = field(default_factory=dict)      # gpuinfo.host_gpus(): driver, gpus, error
+    workdir_id: str | None = None                      # shares.folder_id of the workdir
+    fenced: bool | None = None                         # the firewall's ruleset is there
     reached: bool = True
 
     def to_json(self):
