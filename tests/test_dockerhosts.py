@@ -32,7 +32,8 @@ if TESTS not in sys.path:
 
 from ansible_run import RECAP, Ansible, explain, task_status_runs, task_statuses, tiny_dataset  # noqa: E402
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
-from conftest import DOCKERHOSTS_LOCK, hold_lock, pid_alive, run_record, tfcluster, wait_for  # noqa: E402
+from conftest import (DOCKERHOSTS_LOCK, hold_lock, pid_alive, ready_wheelhouse, run_record,  # noqa: E402
+                      tfcluster, wait_for)
 
 SCRIPT = os.path.join(REPO, "scripts", "dockerhosts")
 ROOT = "/opt/tfcluster"
@@ -181,8 +182,7 @@ def deployed(dockerhosts, tmp_path_factory, request):
     for name in hosts.names:
         hosts.before[name] = hosts.inventory_of(name)
     started = time.monotonic()
-    wheelhouse = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "wheelhouse")],
-                                cwd=REPO, capture_output=True, text=True, timeout=1800)
+    wheelhouse = ready_wheelhouse()
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
     hosts.timings.append(("scripts/wheelhouse (and its pack)", time.monotonic() - started))
     # The hosts' Python is the controller's /usr/bin/python3 (both Debian 12): the deploy

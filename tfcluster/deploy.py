@@ -40,6 +40,7 @@ def playbook_command(args, collections_dir, root):
         playbook = os.path.join(root, "playbooks", args.playbook + ".yml")
     # This interpreter's Ansible: the one installed with tfcluster, whatever PATH says.
     cmd = [sys.executable, "-m", "ansible", "playbook", playbook, "-i", args.inventory]
+    cmd += system_half(args)
     for value in args.extra_vars:
         cmd += ["-e", value]
     for flag, value in (("--limit", args.limit), ("--tags", args.tags),
@@ -50,6 +51,17 @@ def playbook_command(args, collections_dir, root):
     if args.verbose:
         cmd.append("-" + "v" * args.verbose)
     return cmd + list(args.trainer_args)
+
+
+def system_half(args):
+    """The -e that limits deploy.yml to the administrator's half (--system: packages, the
+    service group, the firewall, the NVIDIA driver; README "Labs")."""
+    if not getattr(args, "system", False):
+        return []
+    if args.playbook != "deploy":
+        raise UsageError("--system is a part of the deploy playbook, not of %s: drop --system "
+                         "or --playbook" % args.playbook)
+    return ["-e", "tfcluster_deploy_scope=system"]
 
 
 def playbook_env(collections_dir, root, environ=None):

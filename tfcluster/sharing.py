@@ -7,12 +7,15 @@ machines no firewall fences.
 - A machine without the firewall role's fence is named once per launch: TensorFlow's servers
   listen on every address and run any graph they are sent.
 """
+import json
 import os
 import re
 import secrets
+import threading
 from dataclasses import replace
 
 from tfcluster.spec import Cluster
+from tfcluster_agent import shares
 
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -78,3 +81,40 @@ def unfenced_warnings(cluster, reports):
                      "administrator fences them with `tfcluster deploy --system` (README: Labs)"
                      % (machine.label, port_span(ports)))
     return lines
+
+
+def one_writer_per_root(targets):
+    """(the sync targets that write, a line for each other, {target: the SyncError that made it
+    unreachable}): of targets whose tfcluster_root is one folder (the marker deploy.yml made
+    there), only the first writes, so a shared home gets the code once, from one writer. A
+    target whose marker cannot be read (an older deploy's root) writes."""
+    with open(shares.__file__) as handle:
+        source = handle.read()
+    tokens, failed = {}, {}
+
+    def ask(target):
+        try:
+            code, out, _ = target.run(["ensure", "--read-only", target.machine.root],
+                                      script=source)
+            tokens[target] = json.loads(out)[target.machine.root] if code == 0 else None
+        except Exception as err:  # unreachable, or no Python: its sync would fail the same way
+            failed[target] = err
+            target.close()
+
+    threads = [threading.Thread(target=ask, args=(t,), daemon=True) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    first, writers, lines = {}, [], []
+    for target in targets:
+        token = tokens.get(target)
+        if token in first:
+            lines.append("%-22s shares tfcluster_root %s with %s, which writes it" % (
+                target.label, target.machine.root, first[token].label))
+            target.close()
+            continue
+        if token:
+            first[token] = target
+        writers.append(target)
+    return writers, lines, failed
