@@ -52,6 +52,7 @@ def test_a_shared_run_folder_names_its_launch(tmp_path):
     assert not (run / "th3").exists()
     with pytest.raises(ValueError, match="/run1/th1 exists already"):
         shares.make_run_folder(str(run / "th1"), launch="launch-a")
+    assert shares.run_id(str(run / "th1"), "launch-a") == shares.run_id(str(run), "") == "run1"
     shares.make_run_folder(str(tmp_path / "work" / "run2"))  # a workdir of its own: as before
     with pytest.raises(ValueError, match="/run2 exists already"):
         shares.make_run_folder(str(tmp_path / "work" / "run2"))

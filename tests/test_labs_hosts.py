@@ -70,7 +70,12 @@ class Lab:
 
     def cli(self, *args, check=None, timeout=900):
         env = {"ANSIBLE_SSH_CONTROL_PATH_DIR": self.ansible.control_dir, "ANSIBLE_NOCOLOR": "1"}
-        return tfcluster(*args, runs_dir=self.runs, check=check, timeout=timeout, env=env)
+        proc = tfcluster(*args, runs_dir=self.runs, check=None, timeout=timeout, env=env)
+        with open("/tmp/x/lab-%s.log" % args[0], "a") as handle:  # DEBUG
+            handle.write("$ %s\n%s\n--- stderr\n%s\n" % (args, proc.stdout, proc.stderr))
+        if check is not None:
+            assert proc.returncode == check, (proc.stdout[-4000:], proc.stderr[-3000:])
+        return proc
 
     def ssh(self, host, command):
         """COMMAND on HOST as this user (the test hosts' sshd takes the client key for anyone)."""
@@ -189,13 +194,20 @@ def user_code(lab):
     return str(code)
 
 
+def one_writer(out, lab):
+    """True when sync's output OUT shows one machine writing the shared root, the others
+    naming it."""
+    sent = [line.split()[1] for line in out.splitlines() if "file(s) sent" in line]
+    shared = sorted(line.split()[1] for line in out.splitlines() if "shares tfcluster_root" in line
+                    and line.endswith("%s with %s, which writes it" % (lab.root, sent[:1] and sent[0])))
+    return len(sent) == 1 and sorted(sent + shared) == sorted(a for _, a in lab.testhosts.hosts[:3])
+
+
 def test_sync_launch_status_logs_stop_check_and_gpus_as_the_user(lab):
     (first, _), (second, _), (third, _) = lab.testhosts.hosts[:3]
     code = os.path.join(lab.root, "code")
     synced = lab.cli("sync", "-i", lab.inventory, "--code", user_code(lab), check=0)
-    assert "sync: %-22s shares tfcluster_root %s with %s, which writes it" % (
-        lab.testhosts.addr(second), lab.root, lab.testhosts.addr(first)) in synced.stdout
-    assert synced.stdout.count("file(s) sent") == 1, synced.stdout
+    assert one_writer(synced.stdout, lab), synced.stdout
     launched = lab.cli("launch", "--cmd", "python fake_task.py", "--cwd", code, "-i", lab.inventory,
                        "--detach", "--run-id", "lab", "--env", "FAKE_WORKER_0=forever",
                        "--env", "FAKE_WORKER_1=forever", check=0)
@@ -225,12 +237,12 @@ def test_sync_launch_status_logs_stop_check_and_gpus_as_the_user(lab):
     assert lab.ssh(first, "echo '# changed' >> ~/tfcluster/trainers/loop.py").returncode == 0
     stale = lab.cli("check", "-i", lab.inventory, check=3)
     assert stale.stderr.count("its trainer code differs from this checkout's") == 3, stale.stderr
-    assert lab.cli("sync", "-i", lab.inventory, check=0).stdout.count("file(s) sent") == 1
+    assert one_writer(lab.cli("sync", "-i", lab.inventory, check=0).stdout, lab)
     assert "all 3 host(s) ready" in lab.cli("check", "-i", lab.inventory, check=0).stdout
     inventory = lab_inventory(lab.testhosts, lab.work / "gpus.yml", lab.user,
                               tfcluster_nvidia_smi=os.path.join(code, "nvidia-smi"))
     gpus = lab.cli("gpus", "-i", inventory, check=0)
-    rows = [line.split()[:3] for line in gpus.stdout.splitlines()[1:]]
+    rows = sorted(line.split()[:3] for line in gpus.stdout.splitlines()[1:])
     assert rows == [[lab.testhosts.addr(first), "0", "NVIDIA"], [lab.testhosts.addr(first), "1", "NVIDIA"],
                     [lab.testhosts.addr(second), "0", "NVIDIA"], [lab.testhosts.addr(third), "-", "no"]], \
         gpus.stdout

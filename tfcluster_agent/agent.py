@@ -153,8 +153,9 @@ class Agent:
     def _start(self, msg, specs):
         # Every port is claimed before anything is made or started; then a task's supervisor
         # holds its claim.
+        from tfcluster_agent.shares import run_id
         taken = self.claims.claim([int(s.port) for s in specs if s.port],
-                                  "run " + os.path.basename(msg.run_dir.rstrip("/")))
+                                  "run " + run_id(msg.run_dir, msg.launch))
         if taken:
             raise ValueError("port(s) %s claimed by %s: nothing started" % (
                 ", ".join(taken), "; ".join(sorted(set(taken.values())))))

@@ -60,6 +60,13 @@ def folder_id(path, create=True):
         return None
 
 
+def run_id(run_dir, launch=""):
+    """The run's id: RUN_DIR's name, or its parent's when RUN_DIR is this machine's folder in
+    a run folder machines share (a launch token is given then)."""
+    folder = run_dir.rstrip("/")
+    return os.path.basename(os.path.dirname(folder) if launch else folder)
+
+
 def make_run_folder(run_dir, launch=""):
     """Create RUN_DIR (0700) for a new run, or refuse with ValueError: a run never adopts a
     folder another run made. LAUNCH (the launch's token) is given when RUN_DIR is this machine's
