@@ -80,6 +80,9 @@ class AgentLink:
                          threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True)]
         for reader in self._readers:
             reader.start()
+        # The readers own the streams: paramiko's connect keeps this frame alive (an exception
+        # it saved), and a stream still alive at interpreter exit prints a traceback.
+        del stdout, stderr
         if first is not None:
             self.send(first)
         reply = self._wait_reply(timeout, "to start its agent")
