@@ -251,7 +251,7 @@ def stamp_report(proc):
 
 
 FAST = "as its deploy stamp says, not provisioned again"
-STAMP = ROOT + "/.deploy-stamp.json"
+STAMP = ROOT + "/.deploy-stamp-%s.json"  # one per machine: machines may share their root
 
 
 def assert_unchanged(hosts, proc, names):
@@ -314,7 +314,7 @@ def test_second_deploy_changes_nothing(deployed):
     # The first deploy left a stamp on each machine: nothing changed, so nothing is provisioned.
     assert_fast_path(hosts, second)
     for name in hosts.names:
-        mode = hosts.ssh(name, "stat -c '%%a %%U' %s" % STAMP)
+        mode = hosts.ssh(name, "stat -c '%%a %%U' %s" % (STAMP % name))
         assert mode.stdout.split() == ["600", "root"], (name, mode.stdout, mode.stderr)
 
 
@@ -387,7 +387,8 @@ def test_check_mode_runs_the_gpu_roles_without_failing(deployed):
                                     "&& cd /etc/apt/sources.list.d && ! test -e nvidia-cuda.sources "
                                     "&& ! test -e tfcluster-debian-extra.sources" % stale)
         assert left.returncode == 0, "the --check run changed worker1: " + left.stdout
-        assert hosts.ssh("worker1", "test -e " + STAMP).returncode == 0, "--check removed the stamp"
+        assert hosts.ssh("worker1", "test -e " + STAMP % "worker1").returncode == 0, \
+            "--check removed the stamp"
     finally:
         hosts.ssh("worker1", "rm -f %s" % stale)
 
