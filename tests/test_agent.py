@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import REPO, free_port_block, pid_alive, port_free, wait_for
-from tfcluster_agent import gpuclaims, hostinfo
+from tfcluster_agent import gpuclaims, hostcode, hostinfo
 from tfcluster_agent import protocol as P
 from tfcluster_agent import supervisor
 
@@ -278,7 +278,7 @@ def test_listening_event_and_preflight(agent, tmp_path):
         report = agent.next(P.Report, timeout=150).report  # a real TensorFlow import
         assert report["ports"] == {str(port): False}
         assert report["python_ok"] and report["tf_version"].startswith("2.21")
-        assert report["code_hash"] == P.code_hash(REPO + "/trainers")
+        assert report["code_hash"] == hostcode.code_hash(REPO + "/trainers")
         start(agent, tmp_path / "run", [{"name": "ps-0", "command": "exec sleep 300",
                                          "port": port}])
         assert agent.next(P.Listening).port == port
@@ -294,33 +294,33 @@ def test_listening_event_and_preflight(agent, tmp_path):
 
 
 def test_code_hash_changes_with_content(tmp_path):
-    for package in P.HOST_PACKAGES:
+    for package in hostcode.packages():
         (tmp_path / package).mkdir()
     (tmp_path / "trainers" / "a.py").write_text("x = 1\n")
     (tmp_path / "unrelated.py").write_text("not host code\n")
-    first = P.code_hash(str(tmp_path))
+    first = hostcode.code_hash(str(tmp_path))
     (tmp_path / "trainers" / "__pycache__").mkdir()
     (tmp_path / "trainers" / "__pycache__" / "a.pyc").write_text("junk")
     (tmp_path / "unrelated.py").write_text("changed, still not host code\n")
-    assert P.code_hash(str(tmp_path)) == first
+    assert hostcode.code_hash(str(tmp_path)) == first
     (tmp_path / "trainers" / "a.py").write_text("x = 2\n")
-    second = P.code_hash(str(tmp_path))
+    second = hostcode.code_hash(str(tmp_path))
     assert second != first
     (tmp_path / "tfcluster_agent" / "agent.py").write_text("# the agent is host code too\n")
-    assert P.code_hash(str(tmp_path)) != second
+    assert hostcode.code_hash(str(tmp_path)) != second
 
 
 def test_cached_code_hash_follows_every_change(tmp_path):
     code, cache = tmp_path / "code", tmp_path / "cache"
-    for package in P.HOST_PACKAGES:
+    for package in hostcode.packages():
         (code / package).mkdir(parents=True)
     source = code / "trainers" / "a.py"
     source.write_text("x = 1\n")
     # Just written: not remembered (a change within the clock's tick could keep the times).
-    assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=10**12) == P.code_hash(str(code))
+    assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=10**12) == hostcode.code_hash(str(code))
     assert not cache.exists()
     first = hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0)
-    assert first == P.code_hash(str(code)) and len(list(cache.iterdir())) == 1
+    assert first == hostcode.code_hash(str(code)) and len(list(cache.iterdir())) == 1
     # A remembered hash is what the files hash to, and it is used: a forged entry is believed.
     entry = next(cache.iterdir())
     key, digest = entry.read_text().split()
@@ -329,8 +329,8 @@ def test_cached_code_hash_follows_every_change(tmp_path):
     # Same size, new bytes: the change time moves, the hash is computed again.
     source.write_text("x = 2\n")
     second = hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0)
-    assert second == P.code_hash(str(code)) != first
+    assert second == hostcode.code_hash(str(code)) != first
     (code / "trainers" / "b.py").write_text("")
-    assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == P.code_hash(str(code)) != second
+    assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == hostcode.code_hash(str(code)) != second
     os.remove(code / "trainers" / "b.py")
     assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == second

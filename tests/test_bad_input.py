@@ -166,7 +166,7 @@ def test_run_ids_are_unique_and_folders_exclusive(tmp_path):
         runs.save(second)
     assert json.loads((tmp_path / "same" / "run.json").read_text())["id"] == "same"
     loaded = runs.load(str(tmp_path), "same")
-    loaded.state = "running"
+    loaded.become("running")
     runs.save(loaded)  # the owner of a folder keeps saving into it
     with pytest.raises(UsageError, match="already exists"):
         runs.create(str(tmp_path), "same")

@@ -1,7 +1,7 @@
 """CIFAR-10 (seed 004) through the launcher: each ps mode's semantics proven by what happened.
 
 One --smoke launch per mode (small model, synthetic data, fixed --seed). Each worker's result
-line carries what every step observed (see trainers/cifar10_modes.py): the version of the
+line carries what every step observed (see trainers/cifar10/modes.py): the version of the
 parameters its gradient was computed on, the version it was applied to, the ps clock around
 its update, the sum of its gradient; the sync aggregator and the async_stale applier report
 what they applied. The tests draw the proof from those observations, and check learning with

@@ -18,8 +18,9 @@ from installed_wheel import build_wheel, install_wheel, run_installed
 from tfcluster import cli, deploy
 
 COLLECTION = "ansible_collections/tfcluster/cluster/"
-# What `make collection` puts in the tarball: the Ansible content and the host packages.
-TARBALL_TOP = {"README.md", "meta", "playbooks", "roles", "tfcluster_agent", "trainers"}
+# What `make collection` puts in the tarball: the Ansible content, the host packages and the
+# datasets role's manifest (tfcluster/datasets.json, its one file from tfcluster/).
+TARBALL_TOP = {"README.md", "meta", "playbooks", "roles", "tfcluster", "tfcluster_agent", "trainers"}
 HARMLESS_INVENTORY = """all:
   vars:
     ansible_connection: local
@@ -39,6 +40,18 @@ def git_files(*paths):
     out = subprocess.run(["git", "ls-files", "-z", "--", *paths], cwd=REPO, capture_output=True,
                          check=True).stdout.decode()
     return [p for p in out.split("\0") if p]
+
+
+def test_pyproject_lists_every_python_package_of_the_checkout():
+    """setuptools puts only the packages named in the wheel, subpackages too (trainers.common,
+    trainers.cifar10): a package left out would be missing from an installed tfcluster."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib: Python 3.11+")
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as handle:
+        listed = set(tomllib.load(handle)["tool"]["setuptools"]["packages"])
+    found = {os.path.dirname(path).replace("/", ".")
+             for path in git_files("tfcluster", "tfcluster_agent", "trainers")
+             if path.endswith("/__init__.py")}
+    assert found == listed
 
 
 def test_collection_metadata_matches_the_package():
@@ -62,10 +75,11 @@ def test_playbook_names_are_collection_names():
 def test_tarball_leaves_everything_else_out():
     """galaxy.yml's build_ignore, applied to the checkout's files, leaves just TARBALL_TOP."""
     patterns = yaml.safe_load(open(os.path.join(REPO, "galaxy.yml")))["build_ignore"]
-    kept = {path.split("/")[0] for path in git_files()
+    kept = [path for path in git_files()
             if not any(fnmatch.fnmatch(part, pattern)
-                       for part in (path.split("/")[0], path) for pattern in patterns)}
-    assert kept == TARBALL_TOP | {"galaxy.yml"}, kept
+                       for part in (path.split("/")[0], path) for pattern in patterns)]
+    assert {path.split("/")[0] for path in kept} == TARBALL_TOP | {"galaxy.yml"}, kept
+    assert [path for path in kept if path.startswith("tfcluster/")] == ["tfcluster/datasets.json"]
 
 
 def test_find_content_prefers_the_installed_collection(tmp_path):
@@ -157,8 +171,10 @@ def test_wheel_carries_the_checkouts_ansible_content(wheel):
             with open(os.path.join(REPO, path), "rb") as handle:
                 assert archive.read(COLLECTION + path) == handle.read(), path
         # The host packages the trainers role pushes sit beside ansible_collections/.
-        assert {"tfcluster_agent/agent.py", "trainers/requirements.txt",
-                "trainers/requirements-no-deps.txt", "trainers/datasets.json"} <= names
+        assert {"tfcluster_agent/agent.py", "tfcluster_agent/hostcode.json", "trainers/requirements.txt",
+                "trainers/requirements-no-deps.txt", "tfcluster/datasets.json",
+                "tfcluster/catalog.yml", "trainers/common/loop.py",
+                "trainers/cifar10/__main__.py"} <= names
 
 
 @pytest.mark.slow

@@ -324,7 +324,7 @@ def test_drift_on_one_machine_is_repaired_there_only(deployed):
     # What a user or a package upgrade might do on worker1: the fence's table flushed, its
     # ruleset file and a trainer file chmodded, a data file deleted.
     drift = ("nft delete table inet tfcluster && chmod 600 /etc/tfcluster-firewall.nft && "
-             "chmod 700 {0}/trainers/loop.py && rm {0}/data/tiny/tiny.txt".format(ROOT))
+             "chmod 700 {0}/trainers/common/loop.py && rm {0}/data/tiny/tiny.txt".format(ROOT))
     assert hosts.ssh("worker1", drift).returncode == 0
     repair = ansible.run("deploy.yml", "-e", "tensorflow_install_mode=offline",
                          label="deploy after a drift on worker1")
@@ -339,7 +339,8 @@ def test_drift_on_one_machine_is_repaired_there_only(deployed):
     statuses = task_statuses(repair.stdout)
     assert ("common : Ensure the tfcluster folders exist", "ps1") not in statuses
     assert statuses[("common : Ensure the tfcluster folders exist", "worker1")] == "ok"
-    fixed = hosts.ssh("worker1", "stat -c %a /etc/tfcluster-firewall.nft {0}/trainers/loop.py && "
+    fixed = hosts.ssh("worker1", "stat -c %a /etc/tfcluster-firewall.nft "
+                                 "{0}/trainers/common/loop.py && "
                                  "cat {0}/data/tiny/tiny.txt && nft list table inet tfcluster "
                                  ">/dev/null".format(ROOT))
     assert fixed.returncode == 0, fixed.stderr

@@ -19,10 +19,10 @@ from conftest import (REPO, free_port_block, local_inventory_text, processes_mat
                       stop_leftovers, stopped_by_lease, tfcluster, wait_for)
 from tfcluster import gpus
 from tfcluster.inventory import Machine, Slot, load_slots
+from tfcluster.record import PreflightReport
 from tfcluster.spec import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import PreflightReport
 
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
 FAKE_TASK = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
@@ -85,6 +85,11 @@ def fake_gpus(tmp_path, monkeypatch):
     os.symlink(FAKE_SMI, bin_dir / "nvidia-smi")
     monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", fake.path)
     monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    # This test's own claims and queue (its launches' agents inherit the variable): another
+    # test session's waiting run must not stand ahead of its claims.
+    claims = str(tmp_path / "claims")
+    monkeypatch.setenv("TFCLUSTER_GPU_CLAIMS_DIR", claims)
+    monkeypatch.setattr(gpuclaims, "CLAIMS_DIR", claims)
     yield fake
     fake.close()
     leftovers = stop_leftovers(str(tmp_path))
@@ -101,20 +106,19 @@ def smi_in_process(monkeypatch):
     loader = importlib.machinery.SourceFileLoader("fake_nvidia_smi", FAKE_SMI)
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
-    real_run = subprocess.run
 
-    def run(argv, **kwargs):
-        if os.path.basename(argv[0]) != "nvidia-smi":
-            return real_run(argv, **kwargs)
+    def run(argv, timeout):
+        if os.sep in argv[0] and not os.path.exists(argv[0]):
+            raise FileNotFoundError(2, "No such file or directory")
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             try:
                 code = module.main(argv[1:])
             except SystemExit as exit:
                 code = exit.code
-        return subprocess.CompletedProcess(argv, code, out.getvalue(), "")
+        return gpuinfo.Answer(code, out.getvalue(), "")
 
-    monkeypatch.setattr(gpuinfo.subprocess, "run", run)
+    monkeypatch.setattr(gpuinfo, "run_smi", run)
 
 
 def local_slots(count=2, gpus_listed=None, **machine):
@@ -162,10 +166,17 @@ def test_facts_read_the_query_interface_and_proc(fake_gpus):
     assert third["name"] == "NVIDIA RTX A6000, rev. 2"
 
 
-def test_no_driver_means_no_gpu(fake_gpus, smi_in_process, monkeypatch):
+def test_no_driver_is_an_error_no_nvidia_smi_a_host_without_gpus(fake_gpus, smi_in_process,
+                                                                   monkeypatch):
     monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", "/nonexistent")
-    assert gpuinfo.host_gpus() == {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}
-    assert gpuinfo.host_gpus("/nonexistent/nvidia-smi")["gpus"] == []
+    assert gpuinfo.host_gpus() == {
+        "driver": None, "gpus": [], "warning": None, "absent": None,
+        "error": "nvidia-smi -L failed (exit 9): NVIDIA-SMI has failed because it couldn't "
+                 "communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver "
+                 "is installed and running."}
+    absent = gpuinfo.host_gpus("/nonexistent/nvidia-smi")
+    assert absent["gpus"] == [] and absent["error"] is None
+    assert absent["absent"] == "/nonexistent/nvidia-smi: No such file or directory"
 
 
 def test_assignment_skips_busy_and_unhealthy_gpus(fake_gpus, smi_in_process):
@@ -183,9 +194,12 @@ def test_assignment_skips_busy_and_unhealthy_gpus(fake_gpus, smi_in_process):
     problems = gpus.problems(cluster, reports)
     assert len(problems) == 1 and problems[0].startswith("localhost: no free GPU for worker:0, "
                                                          "worker:1: GPU 0 busy, used by pid ")
-    assert "GPU 1 busy, 900 MiB of its memory in use by a process nvidia-smi does not show" in \
-        problems[0]
-    assert not problems[0].waitable  # GPU 3 and 2 are failing: no point waiting
+    assert "GPU 1 busy, used by a process nvidia-smi does not show, 900 MiB (over " \
+        "tfcluster_gpu_busy_mib, 300)" in problems[0]
+    # GPUs 0 and 1 free themselves when their processes end; 2 and 3 are failing.
+    assert problems[0].waitable and problems[0].endswith(
+        ": wait for one (`tfcluster launch --wait`), or share a busy one knowingly "
+        "(--share-busy-gpus or tfcluster_gpu_share: true)")
     # Knowingly sharing the busy ones: the unhealthy ones stay out.
     shared = gpus.assign(cluster, reports, share=True)
     assert [t.cuda_visible_devices for t in shared.tasks] == ["0", "1"]
@@ -374,14 +388,43 @@ def finish(proc, timeout=120):
 
 
 @pytest.mark.slow
-def test_launch_places_workers_around_busy_and_unhealthy_gpus(fake_gpus, tmp_path):
+def test_launch_places_workers_around_busy_and_unhealthy_gpus_and_wait_queues_by_count(
+        fake_gpus, tmp_path):
+    """GPU 0 busy, GPU 3 failing, and a driver that does not know retired_pages.pending: the
+    first run's two workers get GPUs 1 and 2, with a warning naming the field. A second run with
+    --wait waits for them (the failing board does not make it refuse) and starts on them when
+    the first run ends."""
     fake_gpus.use(0)
     fake_gpus.set(3, ecc=1)
-    runs_dir = str(tmp_path / "runs")
-    code, out, err = finish(launch(inventory(tmp_path), runs_dir, "--success", "all_workers"))
-    assert code == 0, out + err
-    shown = sorted(line.split("gpus=")[1] for line in out.splitlines() if "gpus=" in line)
-    assert shown == ["1", "2"], out
+    fake_gpus.state["unknown_fields"] = ["retired_pages.pending"]
+    fake_gpus.save()
+    runs_dir, base = str(tmp_path / "runs"), free_port_block()
+    first = launch(inventory(tmp_path, port_base=base), runs_dir, "--success", "all_workers",
+                   run_id="first", env={"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "forever"})
+    second = None
+    try:
+        wait_for(lambda: running(runs_dir, "first"), 90, "the first run to run")
+        second = launch(inventory(tmp_path, workers=1, name="second.yml", port_base=base + 10),
+                        runs_dir, "--wait", run_id="second")
+        wait_for(lambda: os.path.exists(os.path.join(runs_dir, "second", "run.json")), 90,
+                 "the second run to wait")
+        tfcluster("stop", "first", runs_dir=runs_dir, check=0)
+        _, out, err = finish(first)
+        shown = sorted(line.split("] gpus=")[1] for line in out.splitlines() if "] gpus=" in line)
+        assert shown == ["1", "2"], out
+        assert 'tfcluster: warning: localhost: nvidia-smi answers `Field "retired_pages.pending" ' \
+            'is not a valid field to query.`' in out + err
+        code, out, err = finish(second)
+        assert code == 0, out + err
+        says = [line for line in out.splitlines() if "waits (--wait" in line]
+        assert len(says) == 1 and "no free GPU for worker:0: GPU 0 busy, used by pid " in says[0] \
+            and "; GPU 3 unhealthy: 1 uncorrectable ECC error(s)" in says[0], out
+        assert [line.split("] gpus=")[1] for line in out.splitlines() if "] gpus=" in line] == [
+            "1,2"], out
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
     assert all(gpuclaims.holder(u) is None for u in fake_gpus.uuids())
 
 
@@ -425,7 +468,7 @@ def test_second_run_refused_then_queued_and_started_when_the_first_ends(fake_gpu
             "  localhost: no free GPU for worker:0: GPU 0 claimed by run first (user {0}, task "
             "worker-0); GPU 1 claimed by run first (user {0}, task worker-1); GPU 2 claimed by "
             "run first (user {0}, task worker-2); GPU 3 claimed by run first (user {0}, task "
-            "worker-3): wait for it (`tfcluster launch --wait`)".format(user)), err
+            "worker-3): wait for one (`tfcluster launch --wait`)".format(user)), err
         # Four runs wait, in this order: queued and later both for GPU 0, stopped and
         # interrupted for any; the last two give up.
         def waiter(run_id, port, listed=None):
@@ -627,6 +670,15 @@ def pwd_name(uid):
 
 # ------------------------------------------------------------------ tfcluster gpus
 
+def outcomes_of(found):
+    """Hosts.each's Outcomes of {machine key: GPU facts or HostError}."""
+    from tfcluster.hosts import HostError, Outcomes
+    outcomes = Outcomes()
+    for key, value in found.items():
+        (outcomes.failed if isinstance(value, HostError) else outcomes.succeeded)[key] = value
+    return outcomes
+
+
 def table_rows(text):
     """The table's rows, each split on runs of 2+ spaces."""
     import re
@@ -637,14 +689,20 @@ def table_rows(text):
 def test_gpus_table_rows_for_unreachable_and_gpu_less_hosts():
     from tfcluster import gpustable
     from tfcluster.hosts import HostError
-    down, bare = Machine(address="gpu07"), Machine(address="cpu01")
-    table = gpustable.rows([down, bare], {
+    down, bare, broken = (Machine(address=a) for a in ("gpu07", "cpu01", "gpu08"))
+    table, notes = gpustable.rows([down, bare, broken], outcomes_of({
         down.key: HostError(down, "cannot connect: timed out"),
-        bare.key: {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}})
-    text = gpustable.render(table)
-    assert text.splitlines()[1].startswith("gpu07  -    unreachable:")
-    assert "cannot connect: timed out" in text.splitlines()[1]
-    assert text.splitlines()[2].startswith("cpu01  -    no GPU (nvidia-smi did not answer)")
+        bare.key: {"driver": None, "gpus": [], "error": None,
+                   "absent": "nvidia-smi: No such file or directory"},
+        broken.key: {"driver": None, "gpus": [], "absent": None,
+                     "error": "nvidia-smi -L failed (exit 6): No devices were found"}}))
+    lines = gpustable.render(table).splitlines()
+    assert lines[1].startswith("gpu07  -    unreachable:")
+    assert "cannot connect: timed out" in lines[1]
+    assert lines[2].startswith("cpu01  -    no GPU (nvidia-smi: No such file or directory)")
+    assert lines[3].startswith("gpu08  -    ERROR: nvidia-smi -L failed (exit 6): No devices "
+                               "were found")
+    assert notes == []
 
 
 @pytest.mark.slow
@@ -652,7 +710,9 @@ def test_gpus_table_and_watch(fake_gpus, tmp_path):
     pid = fake_gpus.use(1, mib=2048)
     fake_gpus.set(2, retired_pending="Yes", utilization=55)
     holder = gpuclaims.GpuClaims()
-    holder.claim({fake_gpus.uuids()[3]: ["worker-1"]}, "20261125-demo")
+    # Refused while another test session's run waits in this host's queue (it is host-wide).
+    assert holder.claim({fake_gpus.uuids()[3]: ["worker-1"]}, "20261125-demo") == {
+        "taken": {}, "ahead": []}
     try:
         proc = tfcluster("gpus", "-i", inventory(tmp_path), check=0)
         assert table_rows(proc.stdout) == [
@@ -691,7 +751,8 @@ def test_gpus_table_and_watch(fake_gpus, tmp_path):
 @pytest.mark.slow
 def test_gpus_table_on_the_test_hosts(testhosts, tmp_path):
     """Each test host answers with its own GPUs (the fake nvidia-smi picks its state file by
-    host name); the controller's one table holds them all."""
+    host name); the controller's one table holds them all, and a host whose driver does not
+    answer is an error (exit 1)."""
     hosts = testhosts.hosts[:3]
     states = tmp_path / "states"
     states.mkdir()
@@ -714,7 +775,7 @@ def test_gpus_table_on_the_test_hosts(testhosts, tmp_path):
     inv = tmp_path / "gpus.yml"
     inv.write_text("\n".join(lines) + "\n")
     try:
-        proc = tfcluster("gpus", "-i", str(inv), check=0)
+        proc = tfcluster("gpus", "-i", str(inv), check=1)  # the third host's nvidia-smi fails
     finally:
         for fake in fakes.values():
             fake.close()
@@ -725,7 +786,9 @@ def test_gpus_table_on_the_test_hosts(testhosts, tmp_path):
          "pid %d (user root: sleep 600), 4096 MiB" % pid],
         [addresses[second], "0", "NVIDIA A100-SXM4-80GB", "1/81920", "0%",
          "FAILING: ECC errors: 7", "free"],
-        [addresses[third], "-", "no GPU (nvidia-smi did not answer)"]], proc.stdout
+        [addresses[third], "-", "ERROR: nvidia-smi -L failed (exit 9): NVIDIA-SMI has failed "
+         "because it couldn't communicate with the NVIDIA driver. Make sure that the latest "
+         "NVIDIA driver is installed and running."]], proc.stdout
 
 
 @pytest.mark.slow

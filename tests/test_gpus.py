@@ -8,8 +8,8 @@ from conftest import REPO
 from tfcluster import gpus
 from tfcluster.catalog import load_catalog, task_command
 from tfcluster.inventory import load_slots
+from tfcluster.record import PreflightReport
 from tfcluster.spec import build_cluster
-from tfcluster_agent.runmodel import PreflightReport
 
 SAMPLE = os.path.join(REPO, "inventory", "sample")
 JOBS = ("chief", "worker", "ps", "evaluator")

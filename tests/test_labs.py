@@ -15,10 +15,10 @@ from tfcluster.cli import build_parser
 from tfcluster.deploy import playbook_command
 from tfcluster.errors import UsageError
 from tfcluster.inventory import Machine, default_root, load_slots
+from tfcluster.record import PreflightReport
 from tfcluster.spec import Cluster, Task
 from tfcluster.taskenv import host_run_dir
 from tfcluster_agent import shares
-from tfcluster_agent.runmodel import PreflightReport
 
 READY = os.path.join(REPO, "playbooks", "files", "system_ready.py")
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")

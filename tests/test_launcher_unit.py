@@ -11,6 +11,7 @@ import pytest
 
 from tfcluster import catalog
 from tfcluster.errors import PreflightError, RunFailed, RunTimedOut
+from tfcluster.hosts import Outcomes
 from tfcluster.inventory import Machine, Slot
 from tfcluster.launcher import Launch, LaunchOptions
 from tfcluster.report import PlainReporter
@@ -42,6 +43,8 @@ class FakeLink:
         self.events.put((self.machine.key, msg))
 
     def request(self, msg, timeout, what="", collect=None):
+        if self.hello is None:  # as AgentLink, the first request opens the link
+            self.open(first=msg)
         if isinstance(msg, P.Preflight):
             return P.Report(report=dict(self.report, ports={str(p): True for p in msg.ports}))
         if isinstance(msg, P.Start):
@@ -86,12 +89,9 @@ class FakeHosts:
         return self.links[machine.key]
 
     def each(self, call, machines=None, timeout=None):
-        outcomes = {}
+        outcomes = Outcomes()
         for link in ([self.links[m.key] for m in machines] if machines else self.links.values()):
-            try:
-                outcomes[link.machine.key] = call(link)
-            except Exception as err:
-                outcomes[link.machine.key] = err
+            outcomes.call(call, link)
         return outcomes
 
     def start_pinging(self):
@@ -99,6 +99,12 @@ class FakeHosts:
 
     def close(self, detach=False):
         pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def cluster_of(ps=1, workers=2, chief=0, gpus_per_machine=None):

@@ -13,9 +13,9 @@ import tarfile
 import numpy as np
 import pytest
 
-from trainers import data
+from trainers.common import data
 from tfcluster import cli
-from tfcluster import data as fetcher
+from tfcluster import datafetch as fetcher
 from tfcluster.errors import TfclusterError
 
 

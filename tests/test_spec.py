@@ -7,7 +7,7 @@ from conftest import REPO, tfcluster
 from tfcluster.errors import UsageError
 from tfcluster.inventory import Machine, Slot
 from tfcluster.spec import build_cluster, format_cluster_spec, parse_cluster_spec, render
-from trainers import bootstrap
+from trainers.common import bootstrap
 
 
 def cluster():

@@ -12,8 +12,9 @@ import pytest
 
 from conftest import REPO, run_record, tfcluster
 from test_cli import run_cli as run
-from tfcluster import sync
-from tfcluster_agent.protocol import HOST_PACKAGES, code_hash
+from tfcluster import catalog, datafetch, record, sync
+from tfcluster_agent import taskspec
+from tfcluster_agent.hostcode import code_hash, packages
 
 
 def host_inventory(tmp_path, root, extra=""):
@@ -30,7 +31,7 @@ def host_inventory(tmp_path, root, extra=""):
 def controller(tmp_path, monkeypatch):
     """A copy of the host packages as this controller's code (the test edits it freely)."""
     code = tmp_path / "controller"
-    for package in HOST_PACKAGES:
+    for package in packages():
         shutil.copytree(os.path.join(REPO, package), code / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(sync, "code_root", lambda: str(code))
@@ -49,7 +50,7 @@ def test_sync_sends_only_what_changed_and_deletes_stale_files(tmp_path, capsys, 
     inventory = host_inventory(tmp_path, root)
     # Two slots, one machine: one target.
     first = sync_lines(capsys, "-i", inventory)
-    count = sum(1 for p in HOST_PACKAGES for _, _, files in os.walk(controller / p) for _ in files)
+    count = sum(1 for p in packages() for _, _, files in os.walk(controller / p) for _ in files)
     assert len(first) == 2 and " %d file(s) sent" % count in first[0], first
     assert (root / "trainers.sha256").read_text() == code_hash(str(controller)) + "\n"
     assert code_hash(str(root)) == code_hash(str(controller))
@@ -60,7 +61,7 @@ def test_sync_sends_only_what_changed_and_deletes_stale_files(tmp_path, capsys, 
     # One changed file travels alone; a file and a folder gone from the controller go from the host.
     module = controller / "trainers" / "mnist_replica.py"
     module.write_text(module.read_text() + "\n# edited\n")
-    os.chmod(controller / "trainers" / "loop.py", 0o755)
+    os.chmod(controller / "trainers" / "common" / "loop.py", 0o755)
     (root / "trainers" / "stale.py").write_text("x = 1\n")
     (root / "trainers" / "old").mkdir()
     (root / "trainers" / "old" / "gone.py").write_text("y = 2\n")
@@ -70,10 +71,41 @@ def test_sync_sends_only_what_changed_and_deletes_stale_files(tmp_path, capsys, 
     lines = sync_lines(capsys, "-i", inventory)
     assert "2 file(s) sent" in lines[0] and "2 deleted" in lines[0], lines
     assert (root / "trainers" / "mnist_replica.py").read_text().endswith("# edited\n")
-    assert os.stat(root / "trainers" / "loop.py").st_mode & 0o777 == 0o755
+    assert os.stat(root / "trainers" / "common" / "loop.py").st_mode & 0o777 == 0o755
     assert not (root / "trainers" / "stale.py").exists() and not (root / "trainers" / "old").exists()
     assert (root / "trainers" / "__pycache__" / "kept.pyc").exists()  # caches are never touched
     assert (root / "trainers.sha256").read_text() == code_hash(str(controller)) + "\n"
+
+
+def test_only_host_code_makes_a_host_stale(tmp_path, capsys, monkeypatch):
+    """The controller's own files (the run record's fields, an example's defaults in the catalog,
+    a data set's record) are no host code: editing them leaves a synced host up to date. An edit
+    to host code makes it stale, and the next sync sends that file alone."""
+    code = tmp_path / "controller"
+    for package in ("tfcluster",) + packages():
+        shutil.copytree(os.path.join(REPO, package), code / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(sync, "code_root", lambda: str(code))
+    root = tmp_path / "host"
+    root.mkdir()
+    inventory = host_inventory(tmp_path, root)
+    sync_lines(capsys, "-i", inventory)
+    assert code_hash(str(root)) == code_hash(str(code))
+    # The files the controller really reads, at their place in the copy.
+    for path, edit in ((record.__file__, "\n# a new field\n"),
+                       (catalog.CATALOG, "\n# new defaults\n"),
+                       (datafetch.MANIFEST, "\n")):
+        copy = code / os.path.relpath(path, REPO)
+        copy.write_text(copy.read_text() + edit)
+        assert code_hash(str(root)) == code_hash(str(code)), path
+    assert "0 file(s) sent" in sync_lines(capsys, "-i", inventory)[0]
+    for path in (taskspec.__file__, os.path.join(REPO, "trainers", "common", "loop.py")):
+        copy = code / os.path.relpath(path, REPO)
+        before = code_hash(str(code))
+        copy.write_text(copy.read_text() + "\n# edited\n")
+        assert code_hash(str(root)) != code_hash(str(code)) != before, path
+        assert "1 file(s) sent" in sync_lines(capsys, "-i", inventory)[0]
+        assert code_hash(str(root)) == code_hash(str(code))
 
 
 def test_user_code_lands_in_the_code_folder(tmp_path, capsys, controller):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tfcluster_agent import protocol
-from trainers import bootstrap, data, loop
+from trainers.common import bootstrap, data, loop
 
 
 def parsed_lines(text, kind):

@@ -1,6 +1,8 @@
 """Every example trainer called in-process (the fast tier): its run() on a cluster whose tasks
-all live in this process, tiny data (scikit-learn's digits or synthetic arrays), a handful of
-steps. Checks the loop (it learns), its metrics lines and the result in the one schema.
+all live in this process, handed tiny data (scikit-learn's digits or synthetic arrays; the
+flags' --data_dir names a folder that does not exist, so nothing else is read), a handful of
+steps. Checks the loop (it learns), its metrics lines and the result in the one schema; and the
+entry point every program's __main__ calls, and the one strategy factory.
 
 Graph-mode trainers build in a graph of their own and use local sessions: no server, no gRPC.
 Three need servers by design and get them here, in this process, on free loopback ports:
@@ -14,15 +16,33 @@ import threading
 
 import pytest
 
+import trainers
 from conftest import free_port_block
 from tfcluster_agent import protocol
-from trainers import (bootstrap, census_widendeep, cifar10, data_parallel, grpc_server,
-                      mnist_async, mnist_replica, mnist_towers, model_parallel,
-                      multi_worker_mirrored, ps_strategy)
+from trainers import (census_widendeep, cifar10, data_parallel, grpc_server, mnist_async,
+                      mnist_replica, mnist_towers, model_parallel, multi_worker_mirrored,
+                      ps_strategy)
+from trainers.common import bootstrap, data, strategies, towers
 
-CIFAR_TINY = {"dataset": "synthetic", "batch_size": 16, "conv_filters": 4, "fc_units": "16,8",
-              "image_size": 16, "eval_examples": 100,
-              "learning_rate": 0.05, "num_gpus": 0}
+CIFAR_TINY = {"batch_size": 16, "conv_filters": 4, "fc_units": "16,8", "image_size": 16,
+              "eval_examples": 100, "learning_rate": 0.05, "num_gpus": 0}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return data.load_digits()
+
+
+@pytest.fixture(scope="module")
+def cifar():
+    """CIFAR-10's shapes, small: 1000 training and 100 test images."""
+    return data.synthetic_cifar10(train=1000, test=100)
+
+
+@pytest.fixture
+def absent(tmp_path):
+    """Options whose data folder does not exist: the run must train on the data it is handed."""
+    return {"data_dir": str(tmp_path / "absent")}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +52,7 @@ def tf():
     bootstrap.quiet_tensorflow()
     import tensorflow
     try:
-        mnist_towers.make_devices(2)
+        towers.make_devices(2)
     except RuntimeError:
         pass  # devices already in use: the tower tests then see as many as there are
     return tensorflow
@@ -78,20 +98,20 @@ def one_ps_one_worker(ps=1):
 
 # ---------------------------------------------------------------- between-graph, no server
 
-def test_mnist_replica_async(tf, capsys):
-    result = mnist_replica.run({"dataset": "digits", "train_steps": 40, "num_gpus": 0,
-                                "batch_size": 32, "learning_rate": 0.02}, one_ps_one_worker())
+def test_mnist_replica_async(tf, capsys, digits, absent):
+    result = mnist_replica.run(dict(absent, train_steps=40, num_gpus=0, batch_size=32,
+                                    learning_rate=0.02), one_ps_one_worker(), dataset=digits)
     out = capsys.readouterr().out
     check(result, out, "worker:0")
     assert result["global_step"] == 40 and result["sync"] is False
+    assert result["dataset"] == "digits"  # the data handed in, not --dataset's
     assert result["accuracy"] > 0.5  # ten classes: chance is 0.1
     assert "validation cross entropy" in out
 
 
-def test_mnist_replica_sync_replicas(tf, capsys):
-    result = mnist_replica.run({"dataset": "digits", "train_steps": 20, "num_gpus": 0,
-                                "sync_replicas": True, "learning_rate": 0.02},
-                               one_ps_one_worker())
+def test_mnist_replica_sync_replicas(tf, capsys, digits, absent):
+    result = mnist_replica.run(dict(absent, train_steps=20, num_gpus=0, sync_replicas=True,
+                                    learning_rate=0.02), one_ps_one_worker(), dataset=digits)
     check(result, capsys.readouterr().out, "worker:0")
     assert result["sync"] is True and result["global_step"] >= 20
 
@@ -101,9 +121,10 @@ def test_options_refuse_an_unknown_key():
         mnist_replica.run({"train_stepz": 3}, one_ps_one_worker())
 
 
-def test_mnist_async(tf, capsys, tmp_path):
-    result = mnist_async.run({"dataset": "digits", "train_steps": 40, "batch_size": 32,
-                              "checkpoint_dir": str(tmp_path)}, one_ps_one_worker())
+def test_mnist_async(tf, capsys, tmp_path, digits):
+    result = mnist_async.run({"data_dir": str(tmp_path / "absent"), "train_steps": 40,
+                              "batch_size": 32, "checkpoint_dir": str(tmp_path)},
+                             one_ps_one_worker(), dataset=digits)
     out = capsys.readouterr().out
     check(result, out, "worker:0")
     assert result["others_finished"] is True and result["checkpoint_step"] == 40
@@ -111,26 +132,27 @@ def test_mnist_async(tf, capsys, tmp_path):
                                           for p in tmp_path.iterdir())
 
 
-def test_model_parallel(tf, capsys):
-    result = model_parallel.run({"dataset": "digits", "train_steps": 40,
-                                 "learning_rate": 0.01}, one_ps_one_worker(ps=2))
+def test_model_parallel(tf, capsys, digits, absent):
+    result = model_parallel.run(dict(absent, train_steps=40, learning_rate=0.01),
+                                one_ps_one_worker(ps=2), dataset=digits)
     check(result, capsys.readouterr().out, "worker:0")
     # Layer 1 on ps:0, layer 2 on ps:1 as the program asks (in process: on this process's CPU).
     assert result["layers"] == {"layer1": 0, "layer2": 1}
     assert result["placement"] and result["placement_observed"]
 
 
-def test_census_widendeep(tf, capsys):
-    result = census_widendeep.run({"dataset": "synthetic", "train_steps": 60, "eval_steps": 1},
-                                  one_ps_one_worker())
+def test_census_widendeep(tf, capsys, absent):
+    result = census_widendeep.run(dict(absent, train_steps=60, eval_steps=1),
+                                  one_ps_one_worker(), dataset=data.synthetic_census())
     check(result, capsys.readouterr().out, "worker:0")
     assert result["synthetic"] is True and result["wide_params"] > 0 and result["deep_params"] > 0
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "async_stale", "hogwild", "multi_ps"])
-def test_cifar10_modes(tf, capsys, mode):
+def test_cifar10_modes(tf, capsys, cifar, absent, mode):
     cluster = one_ps_one_worker(ps=2 if mode == "multi_ps" else 1)
-    result = cifar10.run(dict(CIFAR_TINY, mode=mode, train_steps=8, max_pending=2), cluster)
+    result = cifar10.run(dict(CIFAR_TINY, **absent, mode=mode, train_steps=8, max_pending=2),
+                         cluster, dataset=cifar)
     # A few steps of a tiny CNN on synthetic images need not lower the loss (tests/test_cifar10.py
     # checks learning); every gradient pushed must have been applied, once per global step.
     check(result, capsys.readouterr().out, "worker:0", learned=False)
@@ -141,10 +163,10 @@ def test_cifar10_modes(tf, capsys, mode):
 
 # ---------------------------------------------------------------- one task, its own devices
 
-def test_cifar10_local_towers(tf, capsys):
+def test_cifar10_local_towers(tf, capsys, cifar, absent):
     count = tower_count(tf)
-    result = cifar10.run(dict(CIFAR_TINY, mode="local", train_steps=20, num_devices=count),
-                         None)
+    result = cifar10.run(dict(CIFAR_TINY, **absent, mode="local", train_steps=20,
+                              num_devices=count), None, dataset=cifar)
     check(result, capsys.readouterr().out, "local", learned=False)  # see test_cifar10_modes
     assert result["num_devices"] == count and result["global_step"] == 20
     # One tower per device, each computing its slice of the batch there.
@@ -152,20 +174,20 @@ def test_cifar10_local_towers(tf, capsys):
     assert result["loss"] != result["initial_loss"]
 
 
-def test_mnist_towers(tf, capsys):
+def test_mnist_towers(tf, capsys, absent):
     count = tower_count(tf)
-    result = mnist_towers.run({"dataset": "digits", "num_devices": count, "epochs": 2,
-                               "batch_size": 64})
+    result = mnist_towers.run(dict(absent, num_devices=count, epochs=2, batch_size=64),
+                              dataset=data.load_digits(flat=False))
     check(result, capsys.readouterr().out, "local")
     assert result["accuracy"] > 0.3
 
 
 # ---------------------------------------------------------------- TF2 strategies
 
-def test_multi_worker_mirrored(tf, capsys):
-    result = multi_worker_mirrored.run({"dataset": "digits", "train_steps": 40,
-                                        "batch_size": 32, "learning_rate": 0.5},
-                                       bootstrap.in_process_cluster())
+def test_multi_worker_mirrored(tf, capsys, digits, absent):
+    result = multi_worker_mirrored.run(dict(absent, train_steps=40, batch_size=32,
+                                            learning_rate=0.5),
+                                       bootstrap.in_process_cluster(), dataset=digits)
     check(result, capsys.readouterr().out, "worker:0")
     assert result["replicas_in_sync"] == 1 and result["accuracy"] > 0.5
 
@@ -185,20 +207,21 @@ def test_grpc_server_serves_mnist_replica_with_existing_servers(tf, capsys):
     cluster = loopback_cluster({"worker": 1}, "worker")
     server = grpc_server.start({}, cluster())
     assert server.target.startswith("grpc://localhost:")
+    # The data by its flags, as on the command line: --dataset digits.
     result = mnist_replica.run({"dataset": "digits", "train_steps": 20, "num_gpus": 0,
                                 "existing_servers": True}, cluster())
     check(result, capsys.readouterr().out, "worker:0")
 
 
-def test_data_parallel_master_and_worker(tf, capsys):
+def test_data_parallel_master_and_worker(tf, capsys, digits, absent):
     cluster = loopback_cluster({"chief": 1, "worker": 1}, "chief")
-    options = {"dataset": "digits", "train_steps": 20, "batch_size": 32,
-               "step_timeout_secs": 60, "finish_wait_secs": 60}
+    options = dict(absent, train_steps=20, batch_size=32, step_timeout_secs=60,
+                   finish_wait_secs=60)
     results = {}
 
     def task(job):
         try:
-            results[job] = data_parallel.run(options, cluster(job))
+            results[job] = data_parallel.run(options, cluster(job), dataset=digits)
         except BaseException as err:  # seen by the assertion below
             results[job] = err
 
@@ -220,13 +243,17 @@ def test_data_parallel_master_and_worker(tf, capsys):
     assert len(lines(out, "metric")) >= 6
 
 
-def test_ps_strategy_chief(tf, capsys):
+def test_ps_strategy_chief(tf, capsys, digits, absent):
     """Last: the coordinator connects this process's eager context to the cluster for good."""
     cluster = loopback_cluster({"chief": 1, "worker": 1, "ps": 1}, "chief")
     for job in ("worker", "ps"):
         ps_strategy.start_server(cluster(job))
-    result = ps_strategy.run({"dataset": "digits", "train_steps": 30, "batch_size": 32,
-                              "learning_rate": 0.5}, cluster())
+    # A partitioner the factory does not know ends the run before any TensorFlow work.
+    with pytest.raises(SystemExit, match="unknown --partitioner 'bogus': choose one of fixed, "
+                                         "min_size, none"):
+        ps_strategy.run(dict(absent, partitioner="bogus"), cluster(), dataset=digits)
+    result = ps_strategy.run(dict(absent, train_steps=30, batch_size=32, learning_rate=0.5),
+                             cluster(), dataset=digits)
     check(result, capsys.readouterr().out, "chief:0")
     assert result["steps_applied"] == 30 and result["num_ps"] == 1
 
@@ -234,13 +261,13 @@ def test_ps_strategy_chief(tf, capsys):
 # ---------------------------------------------------------------- the entry point's one read
 
 def test_the_environment_is_read_at_the_entry_point_only():
-    """Library code takes what it needs as arguments: only main_guard, the entry point every
-    trainer's __main__ calls, touches os.environ and sys.argv."""
+    """Library code takes what it needs as arguments: only main_guard, under the entry point
+    every trainer's __main__ calls, touches os.environ and sys.argv."""
     import pathlib
-    folder = pathlib.Path(bootstrap.__file__).parent
-    readers = {path.name for path in folder.glob("*.py")
+    folder = pathlib.Path(bootstrap.__file__).parent.parent
+    readers = {str(path.relative_to(folder)) for path in folder.rglob("*.py")
                if "os.environ" in path.read_text() or "sys.argv" in path.read_text()}
-    assert readers == {"bootstrap.py"}
+    assert readers == {"common/bootstrap.py"}
     source = pathlib.Path(bootstrap.__file__).read_text()
     outside = [line for line in source.split("\ndef ")
                if ("os.environ" in line or "sys.argv" in line)
@@ -263,3 +290,51 @@ def test_cluster_and_task_env_come_from_the_environ_given():
     assert bootstrap.cluster_from_args(flags, {}).label == "ps:0"
     with pytest.raises(SystemExit, match="no cluster given"):
         bootstrap.cluster_from_args(args, {})
+
+
+def test_entry_reads_flags_and_environment_then_runs_and_prints_the_result_line(capsys):
+    calls = []
+
+    def run(args, cluster, env=None):
+        calls.append((args, cluster, env))
+        return None if cluster is not None and cluster.job == "ps" else {"loss": 0.5}
+
+    # Alone (no cluster named): RUN gets the environment's TaskEnv; its result is the line.
+    graph = []
+    assert bootstrap.main(mnist_towers.build_parser, run, ["--epochs=3"],
+                          {"TFCLUSTER_RUN_DIR": "/runs/r"}, graph=graph.append,
+                          find_cluster=bootstrap.cluster_if_given) == 0
+    ((args, cluster, env),) = calls
+    assert args.epochs == 3 and cluster is None and env.run_dir == "/runs/r" and graph == [args]
+    assert lines(capsys.readouterr().out, "result") == [{"loss": 0.5}]
+    # TF_CONFIG's cluster, the inter-op threads raised before TensorFlow and the TaskEnv read
+    # them; a ps has no result line.
+    environ = {"TF_NUM_INTEROP_THREADS": "1", "TF_CONFIG": json.dumps(
+        {"cluster": {"chief": ["a:1"], "ps": ["c:3"]}, "task": {"type": "ps", "index": 0}})}
+    assert bootstrap.main(ps_strategy.build_parser, run, [], environ, inter_op_threads=2) == 0
+    _, cluster, env = calls[-1]
+    assert cluster.label == "ps:0" and env is None and cluster.env.inter_op_threads == 2
+    assert environ["TF_NUM_INTEROP_THREADS"] == "2"
+    assert lines(capsys.readouterr().out, "result") == []
+    with pytest.raises(SystemExit, match="no cluster given"):
+        bootstrap.main(mnist_replica.build_parser, run, [], {})
+    # CIFAR-10 checks its mode before it looks for a cluster; local mode runs alone.
+    parse = cifar10.build_parser().parse_args
+    with pytest.raises(SystemExit, match="unknown --mode 'bogus': choose one of sync, async"):
+        cifar10.find_cluster(parse(["--mode=bogus"]), {})
+    assert cifar10.find_cluster(parse(["--mode=local"]), {}) is None
+
+
+def test_the_strategy_factory_lists_the_names_it_knows():
+    info = bootstrap.in_process_cluster()
+    with pytest.raises(SystemExit, match="unknown strategy 'mirrored': choose one of "
+                                         "multi_worker_mirrored, parameter_server$"):
+        strategies.make_strategy("mirrored", info)
+    with pytest.raises(SystemExit, match="unknown --collective 'gloo': choose one of auto, ring, "
+                                         "nccl$"):
+        strategies.make_strategy("multi_worker_mirrored", info, collective="gloo")
+
+
+def test_user_programs_import_protocol_from_trainers():
+    """The README's `from trainers import protocol` (tests/programs/metrics_task.py uses it)."""
+    assert trainers.protocol is protocol

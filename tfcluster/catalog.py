@@ -1,4 +1,4 @@
-"""The examples catalog (trainers/catalog.yml) and per-task command rendering."""
+"""The examples catalog (tfcluster/catalog.yml) and per-task command rendering."""
 import functools
 import json
 import os
@@ -10,6 +10,8 @@ import yaml
 from tfcluster.errors import UsageError
 
 POLICIES = ("chief", "worker0", "all_workers")
+# Read by the controller alone, so it is no host code: editing it makes no host stale.
+CATALOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "catalog.yml")
 
 
 def trainers_dir():
@@ -44,7 +46,7 @@ class Example:
 
 
 def load_catalog(path=None):
-    path = path or os.path.join(trainers_dir(), "catalog.yml")
+    path = path or CATALOG
     with open(path) as handle:
         entries = yaml.safe_load(handle) or {}
     catalog = {}

@@ -8,7 +8,7 @@ import math
 import os
 import sys
 
-from tfcluster import __version__
+from tfcluster import __version__, stall
 from tfcluster.errors import TfclusterError, UsageError
 
 DEFAULT_INVENTORY = "inventory/local.yml"
@@ -165,6 +165,7 @@ def build_parser():
     p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
     p.add_argument("--grace", type=seconds, default=10.0)
     sub.add_parser("runs", help="list past and current runs")
+    stall.add_cli(sub)  # launch --stall-after, --on-stall; stacks
 
     p = sub.add_parser("plot", help="draw loss and examples/s of runs into one PNG")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, overlaid")
@@ -254,7 +255,8 @@ def cmd_launch(args):
         start_timeout=args.start_timeout, finish_grace=args.finish_grace,
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
-        baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus)
+        baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
+        stall_after=args.stall_after, on_stall=args.on_stall)
     if args.sync:
         from tfcluster import sync
         sync.sync(args.inventory)
@@ -317,8 +319,8 @@ def cmd_spec(args):
 
 def cmd_check(args):
     from tfcluster import spec
-    from tfcluster.inventory import load_hosts
-    cluster = spec.build_cluster(load_hosts(args.inventory))
+    from tfcluster.inventory import require_slots
+    cluster = spec.build_cluster(require_slots(args.inventory))
     from tfcluster.preflight import check_hosts
     from tfcluster.report import PlainReporter
     check_hosts(cluster, PlainReporter())
@@ -327,8 +329,8 @@ def cmd_check(args):
 
 def cmd_gpus(args):
     from tfcluster import gpustable
-    from tfcluster.inventory import load_hosts
-    return gpustable.show(load_hosts(args.inventory), args.watch)
+    from tfcluster.inventory import require_slots
+    return gpustable.show(require_slots(args.inventory), args.watch)
 
 
 def cmd_sync(args):
@@ -366,10 +368,10 @@ def cmd_runs(args):
 
 
 def cmd_data(args):
-    from tfcluster import data
+    from tfcluster import datafetch
     if args.data_command != "fetch":
         raise UsageError("usage: tfcluster data fetch NAME --dest DIR")
-    data.fetch(args.name, os.path.abspath(args.dest), source=args.source)
+    datafetch.fetch(args.name, os.path.abspath(args.dest), source=args.source)
     return 0
 
 
@@ -398,4 +400,4 @@ COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": 
             "sync": cmd_sync, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
-            "deploy": cmd_deploy}
+            "deploy": cmd_deploy, "stacks": stall.cmd_stacks}

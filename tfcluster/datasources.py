@@ -2,7 +2,7 @@
 standard on-disk form (the IDX gz files, adult.data / adult.test) so every loader reads them as if
 they came from the canonical URL.
 
-Each source returns {file name: bytes}; tfcluster/data.py checks and writes them. The downloads go
+Each source returns {file name: bytes}; tfcluster/datafetch.py checks and writes them. The downloads go
 through pip's and apt's own clients and configuration: no mirror host is named here.
 """
 import gzip

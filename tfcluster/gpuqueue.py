@@ -7,7 +7,7 @@ import time
 
 from tfcluster import gpus, runs
 from tfcluster.errors import PreflightError, RunFailed
-from tfcluster.hosts import HostError
+from tfcluster.record import RunState
 from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import _stat, start_time
 
@@ -45,11 +45,11 @@ def answers(hosts, machines, message, reports):
     outcomes = hosts.each(ask, machines, timeout=40)
     found = []
     for machine in machines:
-        answer = outcomes[machine.key]
-        if isinstance(answer, Exception):
+        if machine.key in outcomes.failed:
             found.append(gpus.GpuProblem("%s: cannot claim its GPUs: %s" % (
-                machine.label, answer.reason if isinstance(answer, HostError) else answer)))
+                machine.label, outcomes.failed[machine.key].reason)))
             continue
+        answer = outcomes.succeeded[machine.key]
         index = {g["uuid"]: i for i, g in gpus.facts(reports, machine).items()}
         taken = sorted(answer["taken"].items(), key=lambda item: index.get(item[0], -1))
         for uuid, holder in taken:
@@ -136,7 +136,8 @@ def secure(launch, run_preflight, print_table):
 def mark_waiting(launch):
     """A record `tfcluster stop RUN` finds: the waiting launcher's pid, checked by start time."""
     record = launch.record
-    record.state, record.created = "waiting", runs.now()
+    record.become(RunState.WAITING)
+    record.created = runs.now()
     record.example, record.machines, record.tasks = launch.options.example.name, [], {}
     record.waiting = {"pid": os.getpid(), "start": start_time(os.getpid())}
     runs.save(record)
@@ -145,7 +146,7 @@ def mark_waiting(launch):
 def stop_waiting(record, reporter, timeout=30):
     """Stop the launcher of RECORD if it still waits for GPUs; False when it is no waiting run."""
     waiting = record.waiting or {}
-    if record.state != "waiting" or not waiting.get("pid"):
+    if record.state is not RunState.WAITING or not waiting.get("pid"):
         return False
     pid = waiting["pid"]
 
@@ -166,7 +167,8 @@ def stop_waiting(record, reporter, timeout=30):
                                  % (record.id, pid, timeout))
             time.sleep(0.05)
     else:  # its launcher died while waiting (kill -9): only this record is left of it
-        record.state, record.ended = "stopped", runs.now()
+        record.become(RunState.STOPPED)
+        record.ended = runs.now()
         runs.save(record)
     reporter.note("run %s: it was waiting for GPUs; it stopped, nothing was started and no "
                   "claim is left" % record.id)

@@ -5,7 +5,7 @@ import sys
 import time
 
 from tfcluster import gpus
-from tfcluster.hosts import HostError, Hosts
+from tfcluster.hosts import Hosts
 from tfcluster_agent import protocol as P
 
 COLUMNS = ("HOST", "GPU", "NAME", "MEMORY MiB", "UTIL", "HEALTH", "HOLDER")
@@ -20,47 +20,39 @@ def machines_of(slots):
 
 
 def query(hosts, machines):
-    """{machine key: GPU facts or an exception}, every host at once."""
+    """Outcomes: each host's GPU facts, every host at once."""
     def ask(link):
-        if link.hello is None:
-            link.open()
         return link.request(P.GpuQuery(nvidia_smi=link.machine.nvidia_smi), timeout=30,
                             what="to the GPU query").report
 
     return hosts.each(ask, machines, timeout=max(m.connect_timeout for m in machines) + 40)
 
 
-def holder(gpu, machine):
-    """Who holds GPU, in the preflight's words (gpus.describe_claim, gpus.describe_process)."""
-    if gpu.get("claim"):
-        return gpus.describe_claim(gpu["claim"])
-    if gpu.get("processes"):
-        return "; ".join(gpus.describe_process(p) for p in gpu["processes"])
-    if (gpu.get("memory_used") or 0) > machine.gpu_busy_mib:
-        return "a process nvidia-smi does not show (%d MiB)" % gpu["memory_used"]
-    return "free"
-
-
 def rows(machines, outcomes):
-    table = []
+    """The table's rows, and one warning line per host whose GPU facts are partly unknown."""
+    table, notes = [], []
     for machine in machines:
-        found = outcomes[machine.key]
-        if isinstance(found, Exception):
-            reason = found.reason if isinstance(found, HostError) else str(found)
-            table.append((machine.label, "-", "unreachable: " + reason, "", "", "", ""))
-            continue
-        if not found["gpus"]:
-            table.append((machine.label, "-", "no GPU (%s)" % (found.get("error") or
-                                                              "nvidia-smi lists none"),
+        if machine.key in outcomes.failed:
+            table.append((machine.label, "-", "unreachable: " + outcomes.failed[machine.key].reason,
                           "", "", "", ""))
             continue
+        found = outcomes.succeeded[machine.key]
+        if gpus.host_error(found):
+            table.append((machine.label, "-", "ERROR: " + found["error"], "", "", "", ""))
+            continue
+        if not found["gpus"]:
+            why = found.get("absent") or found.get("error") or "nvidia-smi lists none"
+            table.append((machine.label, "-", "no GPU (%s)" % why, "", "", "", ""))
+            continue
+        if found.get("warning"):
+            notes.append("warning: %s: %s" % (machine.label, found["warning"]))
         for gpu in found["gpus"]:
             memory = "%s/%s" % tuple("?" if v is None else v
                                      for v in (gpu["memory_used"], gpu["memory_total"]))
             util = "?" if gpu["utilization"] is None else "%d%%" % gpu["utilization"]
             table.append((machine.label, str(gpu["index"]), gpu["name"], memory, util,
-                          gpus.health_short(gpu), holder(gpu, machine)))
-    return table
+                          gpus.health_short(gpu), gpus.holder(gpu, machine) or "free"))
+    return table, notes
 
 
 def render(table):
@@ -71,24 +63,22 @@ def render(table):
 
 def show(slots, watch=None, out=None):
     """Print the table (again every WATCH seconds, in place, until Ctrl-C); 1 when a host did
-    not answer."""
+    not answer or its nvidia-smi failed."""
     out = out or sys.stdout
     machines = machines_of(slots)
-    hosts = Hosts(machines)
     try:
-        while True:
-            table = rows(machines, query(hosts, machines))
-            text = render(table)
-            if watch:
-                out.write("%s%s  every %gs, Ctrl-C ends\n" % (CLEAR, time.strftime("%H:%M:%S"),
-                                                               watch))
-            out.write(text + "\n")
-            out.flush()
-            if not watch:
-                return 1 if any(r[1] == "-" and r[2].startswith("unreachable") for r in table) \
-                    else 0
-            time.sleep(watch)
+        with Hosts(machines) as hosts:
+            while True:
+                table, notes = rows(machines, query(hosts, machines))
+                text = "\n".join([render(table)] + notes)
+                if watch:
+                    out.write("%s%s  every %gs, Ctrl-C ends\n" % (
+                        CLEAR, time.strftime("%H:%M:%S"), watch))
+                out.write(text + "\n")
+                out.flush()
+                if not watch:
+                    return 1 if any(r[1] == "-" and r[2].startswith(("unreachable", "ERROR"))
+                                    for r in table) else 0
+                time.sleep(watch)
     except KeyboardInterrupt:
         return 0
-    finally:
-        hosts.close()

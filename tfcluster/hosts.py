@@ -167,8 +167,12 @@ class AgentLink:
                 from None
 
     def request(self, msg, timeout, what="", collect=None):
-        """Send MSG and wait for its reply; File messages on the way go to COLLECT."""
-        self.send(msg)
+        """Send MSG and wait for its reply; File messages on the way go to COLLECT. A link not
+        open yet starts its agent first, MSG riding with the start (one round trip, not two)."""
+        if self.hello is None:
+            self.open(first=msg)
+        else:
+            self.send(msg)
         return self.reply_to(msg, timeout, what, collect)
 
     def reply_to(self, msg, timeout, what="", collect=None):
@@ -262,8 +266,33 @@ def _ssh_connection(machine):
     return connection
 
 
+class Outcomes:
+    """What a call to every machine got, as fabric's GroupResult keeps it: SUCCEEDED maps each
+    machine key to the call's value, FAILED to the HostError why it has none."""
+
+    def __init__(self):
+        self.succeeded = {}
+        self.failed = {}
+
+    def call(self, call, link):
+        """CALL(LINK), its value or its error kept under the link's machine."""
+        key = link.machine.key
+        try:
+            self.succeeded[key] = call(link)
+        except HostError as err:
+            self.failed[key] = err
+        except Exception as err:  # kept per machine; the caller decides
+            self.failed[key] = HostError(link.machine, str(err) or type(err).__name__)
+
+    def reasons(self, machines):
+        """"LABEL: reason" of each of MACHINES that failed, in order."""
+        return ["%s: %s" % (m.label, self.failed[m.key].reason) for m in machines
+                if m.key in self.failed]
+
+
 class Hosts:
-    """The agent links of a cluster's machines, with parallel calls collecting per-machine outcomes."""
+    """The agent links of a cluster's machines, with parallel calls collecting per-machine
+    outcomes; closes them all when used as a context manager."""
 
     PING_SECONDS = 1.0
 
@@ -276,29 +305,34 @@ class Hosts:
     def link(self, machine):
         return self.links[machine.key]
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def each(self, call, machines=None, timeout=None):
-        """{machine key: result or exception} of CALL(link) on every machine, in parallel.
+        """Outcomes of CALL(link) on every machine, in parallel.
 
-        Each call runs in its own thread: one host that hangs costs only its own deadline."""
+        Each call runs in its own thread: one host that hangs costs only its own deadline, and
+        fails with "no answer"."""
         links = [self.links[m.key] for m in machines] if machines else list(self.links.values())
-        outcomes = {}
-
-        def run(link):
-            try:
-                outcomes[link.machine.key] = call(link)
-            except Exception as err:  # collected per machine; the caller decides
-                outcomes[link.machine.key] = err
-
-        threads = [threading.Thread(target=run, args=(link,), daemon=True) for link in links]
+        running = Outcomes()
+        threads = [threading.Thread(target=running.call, args=(call, link), daemon=True)
+                   for link in links]
         for thread in threads:
             thread.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        # A copy: a call still running after its deadline changes nothing the caller holds.
+        outcomes = Outcomes()
+        outcomes.succeeded, outcomes.failed = dict(running.succeeded), dict(running.failed)
         for link in links:
-            outcomes.setdefault(link.machine.key,
-                                HostError(link.machine, "no answer within %gs" % timeout))
-        return dict(outcomes)
+            key = link.machine.key
+            if key not in outcomes.succeeded and key not in outcomes.failed:
+                outcomes.failed[key] = HostError(link.machine, "no answer within %gs" % timeout)
+        return outcomes
 
     def start_pinging(self):
         """A ping a second to every agent: the lease of an attached run."""

@@ -59,6 +59,9 @@ class Machine:
     gpu_count: int | None = None
     gpu_busy_mib: int = 300
     gpu_share: bool = False
+    # Seconds a training task may print nothing and use almost no CPU before it is stalled
+    # (tfcluster/stall.py); 0: not watched.
+    stall_after: float = 120.0
     # Lab hosts (README "Labs"): the firewall role's ruleset, whose absence a launch reports
     # ("": fenced by other means, tfcluster_fenced), and, once preflight found the workdir
     # shared with another machine of the run, this machine's folder inside each run's folder.
@@ -125,8 +128,9 @@ CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "tfcluster")
 VOLATILE = re.compile(rb"lookup\(|query\(|\bq\(|now\(|random|^\s*plugin\s*:", re.M)
 
 
-def load_hosts(path):
-    """load_slots(PATH), refused when it has no host in a job group (nothing to act on)."""
+def require_slots(path):
+    """load_slots(PATH), refused when it has no slot (no host in a job group: nothing to act
+    on)."""
     slots = load_slots(path)
     if not slots:
         raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups: "
@@ -277,6 +281,8 @@ def _slot(hostname, job, host_vars, templar):
         _int(get("tfcluster_gpu_count"), "tfcluster_gpu_count", hostname),
         gpu_busy_mib=_int(get("tfcluster_gpu_busy_mib", 300), "tfcluster_gpu_busy_mib", hostname),
         gpu_share=_flag(get("tfcluster_gpu_share", False), "tfcluster_gpu_share", hostname),
+        stall_after=_seconds(get("tfcluster_stall_after", 120), "tfcluster_stall_after",
+                             hostname, zero="0 turns the watch off"),
         fence_file="" if _flag(get("tfcluster_fenced", False), "tfcluster_fenced", hostname)
         else str(get("firewall_rules_file", FENCE_FILE)),
     )
@@ -318,14 +324,15 @@ def _ssh_port(value, hostname):
     return port
 
 
-def _seconds(value, name, hostname):
+def _seconds(value, name, hostname, zero=None):
+    """A number of seconds above 0; ZERO (what 0 means) allows 0 too."""
     try:
         seconds = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise UsageError("host %s: %s must be a number of seconds above 0, not %r: fix %s"
-                         % (hostname, name, value, name))
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero):
+        raise UsageError("host %s: %s must be a number of seconds above 0%s, not %r: fix %s"
+                         % (hostname, name, " (%s)" % zero if zero else "", value, name))
     return seconds
 
 

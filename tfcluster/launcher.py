@@ -12,20 +12,22 @@ from dataclasses import dataclass, field, replace
 
 from tfcluster import gpuqueue, runs, sharing
 from tfcluster.catalog import check_templates
+from tfcluster.diagnose import collective_abort_cause
 from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
-from tfcluster.hosts import HostError, Hosts
+from tfcluster.hosts import Hosts
 from tfcluster.inventory import JOBS
 from tfcluster.metrics import MetricsStore, efficiency_message
 from tfcluster.monitor import Monitor, describe_exit, first_failure, policy_met, tracked
 from tfcluster.plot import draw_in_background
 from tfcluster.preflight import controller_code_hash, preflight, print_preflight
+from tfcluster.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
+from tfcluster.stall import StallFollower
 from tfcluster.taskenv import data_needs, host_run_dir, task_specs, thread_plan
 from tfcluster.teardown import finish, stop_tasks, write_task_records
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import RECORDED_FACTS, MachineRecord, TaskRecord
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once
@@ -55,6 +57,8 @@ class LaunchOptions:
     env: dict = field(default_factory=dict)
     wait: bool = False             # wait for claimed or busy GPUs and ports (gpuqueue)
     share_busy_gpus: bool = False  # hand out GPUs other processes use, knowingly
+    stall_after: float | None = None  # None: each machine's tfcluster_stall_after; 0: off
+    on_stall: str = "report"       # or "stop" (tfcluster/stall.py)
 
 
 class Launch:
@@ -138,7 +142,11 @@ class Launch:
                 self.monitor.close()
                 return 0
             self.hosts.start_pinging()
+            self.stalls = StallFollower(self.hosts, self.cluster, self.record, self.monitor,
+                                        self.reporter, options.stall_after, options.on_stall)
+            self.stalls.watch()
             outcome, lost = self._follow()
+            outcome = self.stalls.explain(outcome)
         except TfclusterError as err:
             outcome = err
         except BaseException as err:
@@ -160,7 +168,8 @@ class Launch:
 
     def _write_record(self, reports, specs):
         record, options = self.record, self.options
-        record.example, record.state, record.created = options.example.name, "starting", runs.now()
+        record.become(RunState.STARTING)
+        record.example, record.created = options.example.name, runs.now()
         record.inventory = os.path.abspath(self.inventory)
         record.success_policy, record.smoke = options.example.success, options.smoke
         record.user_args, record.detach = list(options.user_args), options.detach
@@ -195,12 +204,9 @@ class Launch:
                                         lease=lease, launch=launch), timeout=60,
                                 what="to start its tasks")
 
-        outcomes = self.hosts.each(start, machines, timeout=70)
-        for machine in machines:
-            if isinstance(outcomes[machine.key], Exception):
-                err = outcomes[machine.key]
-                raise RunFailed("could not start the tasks on %s: %s" % (
-                    machine.label, err.reason if isinstance(err, HostError) else err))
+        failed = self.hosts.each(start, machines, timeout=70).reasons(machines)
+        if failed:
+            raise RunFailed("could not start the tasks on " + failed[0])
 
     def _wait_for_pids(self, seconds=15):
         deadline = time.monotonic() + seconds
@@ -267,6 +273,9 @@ class Launch:
             if monitor.write_error is not None:
                 return RunFailed("cannot write the logs in %s: %s" % (
                     self.record.dir, monitor.write_error)), []
+            stalled = self.stalls.check()
+            if stalled is not None:
+                return stalled, []
             failed = first_failure(cluster, monitor.states)
             if failed and self._restart(failed[0], failed[1]):
                 continue
@@ -276,6 +285,8 @@ class Launch:
                     message = "%s on %s %s before it listened on %s" % (
                         task.label, task.machine.address,
                         describe_exit(monitor.states[task.label]), task.address)
+                message = collective_abort_cause(cluster, monitor.states, monitor.ended_at, task,
+                                                 monitor.tails[task.label]) or message
                 return RunFailed(message, task=task), []
             lost = monitor.lost_machines(options.lost_contact)
             if lost:

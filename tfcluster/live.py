@@ -22,6 +22,7 @@ from tfcluster_agent.protocol import RESULT_PREFIX
 
 TAIL_LINES = 6
 STATE_STYLE = {"starting": "yellow", "restarting": "yellow", "running": "cyan",
+               "stalled": "bold yellow",
                "succeeded": "green", "failed": "bold red", "lost": "bold red", "stopped": "dim"}
 
 
@@ -126,6 +127,12 @@ class LiveReporter(Reporter):
         row = self._row(task)
         with self._lock:
             row.restarts, row.state, row.exit = restarts, "restarting", None
+
+    def task_stalled(self, task, stalled):
+        row = self._row(task)
+        with self._lock:
+            if row.exit is None:
+                row.state = "stalled" if stalled else "running"
 
     def render(self):
         """The table, the cluster line and the log tail, as one rich renderable."""

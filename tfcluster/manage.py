@@ -5,7 +5,7 @@ import os
 
 from tfcluster import gpuqueue, metrics, runs
 from tfcluster.errors import RunFailed
-from tfcluster.hosts import HostError, Hosts
+from tfcluster.hosts import Hosts
 from tfcluster.inventory import Machine
 from tfcluster.metrics import MetricsStore
 from tfcluster.monitor import Monitor, policy_met, tracked
@@ -38,7 +38,6 @@ def attach(hosts, cluster, run_id, from_start):
     """Open every machine's agent on the run folder; {label: its Attached entry} of the tasks it
     knows (hand them to Monitor.attached)."""
     def call(link):
-        link.open()
         return link.request(P.Attach(run_dir=host_run_dir(link.machine, run_id),
                                      from_start=from_start), timeout=30).tasks
 
@@ -47,10 +46,10 @@ def attach(hosts, cluster, run_id, from_start):
                           timeout=max([m.connect_timeout for m in machines] or [0]) + 40)
     states, unreachable = {}, []
     for machine, tasks in cluster.machines():
-        answer = outcomes[machine.key]
-        if isinstance(answer, Exception):
-            unreachable.append((machine, answer))
+        if machine.key in outcomes.failed:
+            unreachable.append((machine, outcomes.failed[machine.key]))
             continue
+        answer = outcomes.succeeded[machine.key]
         for task in tasks:
             if task.name in answer:
                 states[task.label] = answer[task.name]
@@ -59,8 +58,7 @@ def attach(hosts, cluster, run_id, from_start):
 
 def warn_unreachable(reporter, unreachable):
     for machine, err in unreachable:
-        reporter.note("WARNING %s: %s" % (machine.label,
-                                          err.reason if isinstance(err, HostError) else err))
+        reporter.note("WARNING %s: %s" % (machine.label, err.reason))
 
 
 def status(runs_dir, run_id=None, reporter=None):
@@ -72,16 +70,13 @@ def status(runs_dir, run_id=None, reporter=None):
     if record.active:
         # The hosts' logs from the start: their metric lines give each task's last step, also
         # for a detached run, whose controller keeps no metrics.
-        hosts = Hosts([m for m, _ in cluster.machines()])
         store = MetricsStore()
-        try:
+        with Hosts([m for m, _ in cluster.machines()]) as hosts:
             monitor = Monitor(hosts, cluster, None, PlainReporter(echo=False), metrics=store)
             answers, unreachable = attach(hosts, cluster, record.id, from_start=True)
             monitor.attached(answers)
             states = dict(monitor.states)  # as the agents answered, before their replayed events
             monitor.pump(0)
-        finally:
-            hosts.close()
         warn_unreachable(reporter, unreachable)
         latest = dict(latest, **store.latest())
     reporter.out("run %s (%s) %s, created %s" % (record.id, record.example, record.state,
@@ -139,22 +134,20 @@ def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
         return 0
     shown = Cluster(chosen)
     machines = [m for m, _ in shown.machines()]
-    hosts = Hosts(machines)
     try:
-        # Following a run writes nothing: the records are the launcher's (or stop's).
-        monitor = Monitor(hosts, shown, None, reporter)
-        answers, unreachable = attach(hosts, shown, record.id, from_start=True)
-        warn_unreachable(reporter, unreachable)
-        monitor.attached(answers)
-        monitor.pump(0)
-        while follow and any(monitor.alive(t) for t in chosen) \
-                and len(monitor.closed_links) < len(machines):
-            monitor.pump(WAKE_SECONDS)
-        monitor.close()
+        with Hosts(machines) as hosts:
+            # Following a run writes nothing: the records are the launcher's (or stop's).
+            monitor = Monitor(hosts, shown, None, reporter)
+            answers, unreachable = attach(hosts, shown, record.id, from_start=True)
+            warn_unreachable(reporter, unreachable)
+            monitor.attached(answers)
+            monitor.pump(0)
+            while follow and any(monitor.alive(t) for t in chosen) \
+                    and len(monitor.closed_links) < len(machines):
+                monitor.pump(WAKE_SECONDS)
+            monitor.close()
     except KeyboardInterrupt:
-        return 0
-    finally:
-        hosts.close()
+        pass
     return 0
 
 
@@ -167,8 +160,7 @@ def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
         return 0
     cluster = cluster_from_record(record)
     was_active = record.active
-    hosts = Hosts([m for m, _ in cluster.machines()])
-    try:
+    with Hosts([m for m, _ in cluster.machines()]) as hosts:
         if was_active:
             for name in [t.name + ".log" for t in cluster.tasks] + [metrics.FILE]:
                 path = os.path.join(record.dir, name)  # the agents send it all again
@@ -189,8 +181,6 @@ def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
             leftovers = stop_tasks(hosts, cluster, grace, skip={m.key for m, _ in unreachable})
             if leftovers:
                 raise RunFailed("run %s: %s" % (record.id, "; ".join(leftovers)))
-    finally:
-        hosts.close()
     if record.leftovers:
         raise RunFailed("run %s: tasks could not be stopped: %s"
                         % (record.id, "; ".join(record.leftovers)))

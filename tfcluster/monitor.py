@@ -14,8 +14,8 @@ import types
 
 from tfcluster import runs
 from tfcluster.hosts import CLOSED
+from tfcluster.record import RestartEntry, RunState, TaskState, TaskStatus, check_transition
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import RestartEntry, TaskState, TaskStatus, check_transition
 
 TRACKED_JOBS = ("chief", "worker")
 TAIL_LINES = 20
@@ -33,6 +33,8 @@ class Monitor:
         self._states = {}          # label -> TaskStatus; written by _set() alone
         self.listening = set()     # labels of ps tasks that listen
         self.started_at = {}       # label -> time.time() of its start
+        self.ended_at = {}         # label -> time.time() its end was heard
+        self.on_stall = None       # called with (task, Stalled or Resumed event), if set
         self.first_step_s = {}     # label -> seconds from start to its first metric
         self.results = {}          # label -> its last TFCLUSTER_RESULT
         self.tails = {t.label: collections.deque(maxlen=TAIL_LINES) for t in cluster.tasks}
@@ -78,8 +80,11 @@ class Monitor:
         elif isinstance(msg, P.Output):
             self._output(task, msg.text)
         elif isinstance(msg, P.Exited):
+            self.ended_at[task.label] = time.time()
             state = self._set(task, alive=False, exit=msg.code, state=TaskState(msg.state))
             self.reporter.task_exited(task, msg.code, str(task_state(task, state)))
+        elif msg.kind in ("stalled", "resumed") and self.on_stall is not None:
+            self.on_stall(task, msg)
 
     # ------------------------------------------------------------ task state
     def _set(self, task, **changes):
@@ -119,7 +124,8 @@ class Monitor:
             entry = record.tasks[task.label]
             entry.pid = state.pid if state else None
             entry.state = check_transition(task.label, entry.state, TaskState.RUNNING)
-        record.state, record.started = "running", runs.now()
+        record.become(RunState.RUNNING)
+        record.started = runs.now()
         runs.save(record)
 
     def record_restart(self, record, task, why, whole):

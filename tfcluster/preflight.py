@@ -5,10 +5,11 @@ import os
 from tfcluster import gpus
 from tfcluster.catalog import code_root
 from tfcluster.errors import PreflightError, Problem
-from tfcluster.hosts import HostError, Hosts
+from tfcluster.hosts import Hosts
+from tfcluster.record import PreflightReport
 from tfcluster_agent import datafiles
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import PreflightReport
+from tfcluster_agent.hostcode import code_hash
 
 # The agent imports TensorFlow once per interpreter and install; later preflights use the cache.
 IMPORT_SECONDS = 150
@@ -16,7 +17,7 @@ IMPORT_SECONDS = 150
 
 @functools.lru_cache(maxsize=1)  # the controller's code does not change within a command
 def controller_code_hash():
-    return P.code_hash(code_root())
+    return code_hash(code_root())
 
 
 def runs_this_checkout(machine):
@@ -41,24 +42,19 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
                               cache_dir=cache, datasets=data_needs.get(machine.key, []),
                               nvidia_smi=machine.nvidia_smi, workdir=machine.workdir,
                               fence_file=machine.fence_file)
-        if link.hello is None:
-            link.open(first=request)  # the preflight rides with the agent's start
-        else:
-            link.send(request)
-        return link.reply_to(request, timeout=IMPORT_SECONDS, what="to the preflight").report
+        return link.request(request, timeout=IMPORT_SECONDS, what="to the preflight").report
 
     machines = [m for m, _ in cluster.machines()]
     outcomes = hosts.each(check, machines,
                           timeout=max(m.connect_timeout for m in machines) + IMPORT_SECONDS + 30)
     problems, reports = [], {}
     for machine in machines:
-        answer = outcomes[machine.key]
-        if isinstance(answer, Exception):
-            reason = answer.reason if isinstance(answer, HostError) else str(answer)
+        if machine.key in outcomes.failed:
+            reason = outcomes.failed[machine.key].reason
             reports[machine.key] = PreflightReport.unreachable(reason)
             problems.append("%s: %s" % (machine.label, reason))
             continue
-        report = reports[machine.key] = PreflightReport.from_json(answer)
+        report = reports[machine.key] = PreflightReport.from_json(outcomes.succeeded[machine.key])
         if not report.python_ok:
             problems.append("%s: %s" % (machine.label, report.error))
         holders = report.port_holders
@@ -106,7 +102,7 @@ def print_preflight(reporter, cluster, reports):
         code = report.code_hash
         reporter.out("%-22s %-9s %-10s %-5s %-5s %-12s %s" % (
             machine.label, "yes", report.tf_version or "MISSING",
-            "?" if report.cpus is None else report.cpus, len(report.gpus),
+            "?" if report.cpus is None else report.cpus, gpus.preflight_cell(report),
             ("busy " + ",".join(busy)) if busy else "%d free" % len(ports),
             "same" if code == controller_hash or runs_this_checkout(machine)
             else ("stale" if code else "missing")))
@@ -114,11 +110,8 @@ def print_preflight(reporter, cluster, reports):
 
 def check_hosts(cluster, reporter):
     """`tfcluster check`: the preflight alone, with a per-host table."""
-    hosts = Hosts([m for m, _ in cluster.machines()])
-    try:
+    with Hosts([m for m, _ in cluster.machines()]) as hosts:
         reports, problems = preflight(hosts, cluster)
-    finally:
-        hosts.close()
     problems += gpus.problems(cluster, reports)
     print_preflight(reporter, cluster, reports)
     for line in gpus.warnings(cluster, reports):

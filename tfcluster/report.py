@@ -106,6 +106,9 @@ class Reporter:
     def task_restarted(self, task, restarts):
         """TASK was restarted; RESTARTS is how often so far."""
 
+    def task_stalled(self, task, stalled):
+        """TASK stalled (STALLED true) or goes on again; a note says so too."""
+
     def new_run(self):
         """Another run's tasks follow (--baseline runs two): forget the last one's."""
 

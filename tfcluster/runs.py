@@ -9,7 +9,7 @@ import sys
 import tempfile
 
 from tfcluster.errors import UsageError
-from tfcluster_agent.runmodel import RecordError, RunRecord
+from tfcluster.record import RecordError, RunRecord
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 

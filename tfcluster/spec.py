@@ -12,7 +12,7 @@ SERVER_JOBS = ("chief", "worker", "ps")
 
 
 @dataclass(frozen=True)
-class Task:
+class Task(protocol.TaskNames):
     job: str
     index: int
     slot: str
@@ -24,21 +24,12 @@ class Task:
     gpus_listed: bool = False
 
     @property
-    def label(self):
-        return protocol.task_label(self.job, self.index)
-
-    @property
-    def name(self):
-        """File-safe name, used for logs and pid files."""
-        return protocol.task_file_name(self.job, self.index)
-
-    @property
     def address(self):
         """host:port where the other tasks reach this task's server (tfcluster_address's host)."""
         return "%s:%d" % (self.machine.tf_host, self.port)
 
     def to_dict(self):
-        # "host" is the SSH address: manage.py finds the task's machine by it.
+        # "host": where SSH goes; "address": where the other tasks reach its server.
         return {"job": self.job, "index": self.index, "slot": self.slot, "host": self.machine.address,
                 "port": self.port, "address": self.address if self.port else None,
                 "cuda_visible_devices": self.cuda_visible_devices}

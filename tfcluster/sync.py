@@ -27,7 +27,7 @@ from tfcluster import sharing
 from tfcluster.catalog import code_root
 from tfcluster.errors import PreflightError, UsageError
 from tfcluster.hosts import _ssh_connection, describe_connection_error, no_python
-from tfcluster_agent.protocol import HOST_PACKAGES, code_hash
+from tfcluster_agent.hostcode import code_hash, definition, packages, skipped
 
 # The folder under tfcluster_root that receives the user's own code.
 USER_CODE_FOLDER = "code"
@@ -35,15 +35,10 @@ USER_CODE_FOLDER = "code"
 EXCHANGE_SECONDS = 120
 
 
-def skipped(relpath):
-    """Never shipped or deleted, as in the trainers role: caches, compiled and hidden files."""
-    parts = relpath.split("/")
-    return any(p == "__pycache__" or p.startswith(".") for p in parts) or \
-        relpath.endswith((".pyc", ".pyo"))
-
-
 def local_files(top, prefix=""):
-    """{relpath: (sha256, mode)} of the files below TOP (symlinks followed), and its folders."""
+    """{relpath: (sha256, mode)} of the files below TOP (symlinks followed), and its folders;
+    what is no host code (hostcode.skipped: caches, compiled and hidden files) is left out, in
+    the user's folder too."""
     files, folders = {}, set()
     for root, dirs, names in os.walk(top, followlinks=True):
         rel_root = os.path.relpath(root, top).replace(os.sep, "/")
@@ -62,16 +57,13 @@ def local_files(top, prefix=""):
 
 
 # Runs on the host with its tfcluster_python (standard library only, Python 3.8+).
-# argv: list ROOT AREA...    -> JSON {area: {"files": {rel: [sha256, mode]}, "folders": [rel]}}
+# argv: list ROOT SKIP AREA... -> JSON {area: {"files": {rel: [sha256, mode]}, "folders": [rel]}}
+#                              (SKIP: hostcode.json's pattern of paths never listed, sent or deleted)
 #       apply ROOT           <- stdin: one JSON line {"delete": [...], "folders": [...]}, then a tar
 #                            -> JSON {"hash": code hash of ROOT, "written": n, "deleted": n}
 HOST_SCRIPT = r'''
-import hashlib, json, os, shutil, stat, sys, tarfile
+import hashlib, json, os, re, shutil, stat, sys, tarfile
 sys.dont_write_bytecode = True  # no __pycache__ in the host code, as the agent
-
-def skipped(rel):
-    return any(p == "__pycache__" or p.startswith(".") for p in rel.split("/")) or \
-        rel.endswith((".pyc", ".pyo"))
 
 def inside(root, rel):
     path = os.path.normpath(os.path.join(root, rel))
@@ -79,7 +71,7 @@ def inside(root, rel):
         raise SystemExit("refusing path outside %s: %s" % (root, rel))
     return path
 
-def listing(root, area):
+def listing(root, area, skipped):
     files, folders, top = {}, [], os.path.join(root, area)
     for here, dirs, names in os.walk(top):
         rel_here = os.path.relpath(here, root)
@@ -127,7 +119,7 @@ def apply(root):
             os.unlink(path)
         deleted += 1
     sys.path.insert(0, root)
-    from tfcluster_agent.protocol import code_hash
+    from tfcluster_agent.hostcode import code_hash
     digest = code_hash(root)
     tmp = os.path.join(root, ".trainers.sha256.tfcluster-sync")
     with open(tmp, "w") as out:
@@ -140,7 +132,8 @@ root = os.path.realpath(sys.argv[2])
 if not os.path.isdir(root):
     raise SystemExit("no tfcluster_root %s: run the deploy first" % sys.argv[2])
 if sys.argv[1] == "list":
-    print(json.dumps({area: listing(root, area) for area in sys.argv[3:]}))
+    skipped = re.compile(sys.argv[3]).search
+    print(json.dumps({area: listing(root, area, skipped) for area in sys.argv[4:]}))
 else:
     apply(root)
 '''
@@ -256,7 +249,7 @@ def tar_of(files):
 def sync_target(target, sources, expected_hash):
     """Bring TARGET up to date with SOURCES ({area: (local folder, (files, folders))});
     returns (files sent, bytes sent, paths deleted)."""
-    code, out, err = target.run(["list", target.machine.root, *sources])
+    code, out, err = target.run(["list", target.machine.root, definition()["skip"], *sources])
     if code != 0:
         raise SyncError(_script_error(code, err))
     remote = json.loads(out)
@@ -308,15 +301,14 @@ def targets_of(slots, user_code):
 def sync(inventory, user_code=None, out=print):
     """`tfcluster sync`: every machine of INVENTORY up to date; PreflightError naming each
     machine that could not be, after trying them all."""
-    from tfcluster.inventory import load_hosts
-    slots = load_hosts(inventory)
+    from tfcluster.inventory import require_slots
+    slots = require_slots(inventory)
     targets = targets_of(slots, user_code)
     started = time.monotonic()
     root = code_root()
-    packages = {}
-    for package in HOST_PACKAGES:
-        packages[package] = (os.path.join(root, package),
-                             local_files(os.path.join(root, package), package + "/"))
+    host_code = {package: (os.path.join(root, package),
+                           local_files(os.path.join(root, package), package + "/"))
+                 for package in packages()}
     expected = code_hash(root)
     outcomes = {}
 
@@ -331,7 +323,7 @@ def sync(inventory, user_code=None, out=print):
                      for t, err in unreached.items()})
 
     def run(target):
-        sources = dict(packages)
+        sources = dict(host_code)
         if target.user_code:
             sources[USER_CODE_FOLDER] = (target.user_code, listings[target.user_code])
         try:

@@ -5,7 +5,7 @@ import os
 from tfcluster import gpus
 from tfcluster.catalog import task_command
 from tfcluster_agent import datafiles
-from tfcluster_agent.runmodel import TaskSpec
+from tfcluster_agent.taskspec import TaskSpec
 
 
 def host_run_dir(machine, run_id):
@@ -66,7 +66,9 @@ def task_specs(cluster, options, run_id, threads):
             cwd = run_dir
         specs[task.label] = TaskSpec(
             name=task.name, command=command, env=env, cwd=cwd,
-            env_prepend={"PATH": os.path.dirname(machine.python), "PYTHONPATH": machine.root},
+            # stacks/ first: its sitecustomize lets the agent take the task's stacks (stall.py).
+            env_prepend={"PATH": os.path.dirname(machine.python),
+                         "PYTHONPATH": machine.root + "/tfcluster_agent/stacks:" + machine.root},
             # The agent claims the port for the task's life. It reports when a ps listens: the
             # workers may start at once, TensorFlow clients wait for their servers, but a ps
             # that never listens fails the run.

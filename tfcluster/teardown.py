@@ -8,12 +8,12 @@ import threading
 
 from tfcluster import runs
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
-from tfcluster.hosts import HostError
 from tfcluster.hints import print_hints
 from tfcluster.monitor import TAIL_LINES, policy_met
+from tfcluster.record import RunState, TaskState
+from tfcluster.stall import stall_cause
 from tfcluster.summary import print_summary
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import TaskState
 
 COLLECTED_FOLDERS = ("tensorboard",)
 
@@ -22,8 +22,6 @@ def stop_tasks(hosts, cluster, grace, skip=()):
     """Stop every task of the run on every reachable machine; returns the leftovers, if any."""
     def stop(link):
         mine = [t for t in cluster.tasks if t.machine.key == link.machine.key]
-        if link.hello is None:
-            link.open()
         return link.request(P.Stop(names=[t.name for t in mine],
                                    ports=[t.port for t in mine if t.port], grace=grace),
                             timeout=grace + 20, what="to stop its tasks")
@@ -33,11 +31,11 @@ def stop_tasks(hosts, cluster, grace, skip=()):
     leftovers = ["%s: unreachable, its tasks stop themselves when their lease runs out"
                  % m.label for m, _ in cluster.machines() if m.key in skip]
     for machine in machines:
-        answer = outcomes[machine.key]
-        if isinstance(answer, Exception):
+        if machine.key in outcomes.failed:
             leftovers.append("%s: could not stop tasks: %s" % (
-                machine.label, answer.reason if isinstance(answer, HostError) else answer))
+                machine.label, outcomes.failed[machine.key].reason))
             continue
+        answer = outcomes.succeeded[machine.key]
         if answer.remaining:
             leftovers.append("%s: still running: %s" % (machine.label, ", ".join(answer.remaining)))
         if answer.busy_ports:
@@ -60,9 +58,7 @@ def collect_files(hosts, cluster, record_dir, skip=()):
         return len(files)
 
     machines = [m for m, _ in cluster.machines() if m.key not in skip]
-    outcomes = hosts.each(collect, machines, timeout=150)
-    return ["%s: %s" % (m.label, outcomes[m.key]) for m in machines
-            if isinstance(outcomes[m.key], Exception)]
+    return hosts.each(collect, machines, timeout=150).reasons(machines)
 
 
 def safe_join(folder, relative):
@@ -90,6 +86,8 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
     except OSError as err:
         reporter.note("WARNING cannot write the run's records in %s: %s" % (
             record.dir, err.strerror or err))
+    if stall_cause(outcome):
+        reporter.note("the run stalled: %s" % stall_cause(outcome))
     print_summary(reporter, cluster, record)
     if isinstance(outcome, RunFailed) and outcome.task is not None:
         reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
@@ -112,7 +110,8 @@ def record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, pr
         code = record.tasks[task.label].exit
         if code is not None:
             write_private(os.path.join(record.dir, task.name + ".status"), "%d\n" % code)
-    record.state = ("succeeded" if met else "stopped") if stopped_by_user else end_state(outcome)
+    record.become((RunState.SUCCEEDED if met else RunState.STOPPED) if stopped_by_user
+                  else end_state(outcome))
     record.ended, record.leftovers, record.collection_problems = runs.now(), leftovers, problems
     record.exit_code = ((0 if met else None) if stopped_by_user else
                         (0 if outcome is None else outcome.exit_code))
@@ -135,12 +134,12 @@ def write_task_records(record_dir, cluster, public_specs):
 
 def end_state(outcome):
     if outcome is None:
-        return "succeeded"
+        return RunState.SUCCEEDED
     if isinstance(outcome, RunTimedOut):
-        return "timed_out"
+        return RunState.TIMED_OUT
     if isinstance(outcome, RunInterrupted):
-        return "interrupted"
-    return "failed"
+        return RunState.INTERRUPTED
+    return RunState.FAILED
 
 
 class signals_deferred:

@@ -63,6 +63,7 @@ class Agent:
         self._gpu_claims = None
         self.send_lock = _thread.allocate_lock()
         self.stopping = None  # (done event, names, ports, result, deadline)
+        self.stalls = None    # a stall.StallWatch once the controller asks for one
         # A stop thread that is done writes here, so the loop answers at once, not a tick later.
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
@@ -125,7 +126,7 @@ class Agent:
         self.send(P.Report(report=gpuinfo.host_gpus(msg.nvidia_smi, set(self.gpu_claims.held))))
 
     def on_start(self, msg):
-        from tfcluster_agent.runmodel import TaskSpec
+        from tfcluster_agent.taskspec import TaskSpec
         specs = [TaskSpec.from_json(spec) for spec in msg.tasks]
         for spec in specs:
             if not is_task_name(spec.name):
@@ -235,6 +236,14 @@ class Agent:
         threading.Thread(target=stop_all, daemon=True).start()
         self.stopping = (done, names, [int(p) for p in msg.ports], result,
                          time.monotonic() + msg.grace + 15)
+
+    def on_watch_stalls(self, msg):
+        from tfcluster_agent.stall import StallWatch
+        self.stalls = StallWatch(self.run_dir, self.tasks, msg.names, msg.stall_after, self.send)
+
+    def on_take_stacks(self, msg):
+        from tfcluster_agent.stall import answer_take_stacks
+        answer_take_stacks(msg, self.send)
 
     def on_collect(self, msg):
         import base64
@@ -363,6 +372,8 @@ class Agent:
                         except ValueError as err:
                             self.send(P.Error(message=str(err)))
             self.watch(readable)
+            if self.stalls is not None:
+                self.stalls.poll()
             if self.stopping is not None:
                 self._finish_stop()
             if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:

@@ -4,9 +4,9 @@ import json
 import os
 import sys
 
-from tfcluster_agent import protocol as P
 from tfcluster_agent import supervisor as S
 from tfcluster_agent.agent import Agent, is_task_name
+from tfcluster_agent.hostcode import code_hash
 
 
 def cmd_serve(args):
@@ -22,7 +22,7 @@ def cmd_stop(args):
 
 
 def cmd_hash(args):
-    print(P.code_hash(args.dir))
+    print(code_hash(args.dir))
 
 
 def build_parser():

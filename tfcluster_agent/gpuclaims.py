@@ -24,7 +24,9 @@ import re
 import stat
 import time
 
-CLAIMS_DIR = "/var/tmp/tfcluster-gpu-claims"
+# One folder for every user's runs. TFCLUSTER_GPU_CLAIMS_DIR is for tests: each test session
+# its own claims and queue, which concurrent sessions on one machine would otherwise share.
+CLAIMS_DIR = os.environ.get("TFCLUSTER_GPU_CLAIMS_DIR") or "/var/tmp/tfcluster-gpu-claims"
 SAFE = re.compile(r"[^A-Za-z0-9._-]")
 # A probe takes a shared lock for an instant: a claim that meets one tries again a few times.
 CLAIM_TRIES = 20

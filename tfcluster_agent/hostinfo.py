@@ -9,7 +9,7 @@ import sys
 import time
 
 from tfcluster_agent import datafiles
-from tfcluster_agent.protocol import code_files, code_hash, sha256
+from tfcluster_agent.hostcode import code_files, code_hash, sha256
 from tfcluster_agent.supervisor import boot_id, write_atomic
 
 
@@ -231,13 +231,14 @@ def preflight_report(python, ports, code_dir, cache_dir=None, datasets=(), nvidi
             try:
                 report["gpu_facts"] = gpuinfo.host_gpus(nvidia_smi, own_gpu_claims())
             except Exception as err:  # a preflight answers whatever the GPUs say
-                report["gpu_facts"] = {"driver": None, "gpus": [],
-                                       "error": "GPU query failed: %r" % err}
+                report["gpu_facts"] = {"driver": None, "gpus": [], "warning": None,
+                                       "absent": None, "error": "GPU query failed: %r" % err}
 
         gpu_query = threading.Thread(target=query_gpus)
         gpu_query.start()
     else:  # no driver tools (most hosts): nothing to start or import for them
-        report["gpu_facts"] = {"driver": None, "gpus": [], "error": "nvidia-smi did not answer"}
+        report["gpu_facts"] = {"driver": None, "gpus": [], "error": None, "warning": None,
+                               "absent": "%s: not found" % nvidia_smi}
     report.update(python_report(python, cache_dir))
     report["ports"] = {str(p): port_is_free(int(p)) for p in ports}
     report["code_hash"] = (cached_code_hash(code_dir, cache_dir) if cache_dir else code_hash(code_dir)) \

@@ -70,7 +70,7 @@ def parse_line(line):
     return None
 
 
-# ---------------------------------------------------------------- the trainer code's identity
+# ---------------------------------------------------------------- task names
 
 def task_label(job, index):
     """worker:0: how records, metrics and the console name a task."""
@@ -82,52 +82,16 @@ def task_file_name(job, index):
     return "%s-%d" % (job, index)
 
 
-HASHED_SUFFIXES = (".py", ".yml", ".yaml", ".json", ".txt")
-# The packages every host gets, side by side in one code root (tfcluster_root on a host, the
-# checkout or site-packages on the controller).
-HOST_PACKAGES = ("tfcluster_agent", "trainers")
+class TaskNames:
+    """The two names of a task that has a JOB and an INDEX: its label and its file name."""
 
+    @property
+    def label(self):
+        return task_label(self.job, self.index)
 
-_SHA256 = []
-
-
-def sha256(data=b""):
-    """hashlib.sha256 without importing hashlib, which loads OpenSSL: 5 ms of every agent's
-    start, where one SSH session that starts Python costs about 60 ms."""
-    if not _SHA256:  # looked up once: a failed import is tried again at every call
-        try:
-            from _sha256 import sha256 as new  # Python 3.11
-        except ImportError:
-            try:
-                from _sha2 import sha256 as new  # 3.12 and later
-            except ImportError:
-                from hashlib import sha256 as new
-        _SHA256.append(new)
-    return _SHA256[0](data)
-
-
-def code_files(code_root):
-    """(relative path, path) of every source file of HOST_PACKAGES below CODE_ROOT, in order."""
-    import os
-    found = []
-    for package in HOST_PACKAGES:
-        top = os.path.join(code_root, package)
-        for root, dirs, files in os.walk(top):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
-            rel_root = package + root[len(top):].replace(os.sep, "/")
-            found += [(rel_root + "/" + name, os.path.join(root, name))
-                      for name in sorted(files) if name.endswith(HASHED_SUFFIXES)]
-    return found
-
-
-def code_hash(code_root, files=None):
-    """Content hash of the host code: relative paths and bytes of every source file of
-    HOST_PACKAGES below CODE_ROOT (FILES: code_files(CODE_ROOT), when already listed)."""
-    digest = sha256()
-    for rel, path in code_files(code_root) if files is None else files:
-        with open(path, "rb") as handle:
-            digest.update(rel.encode() + b"\0" + sha256(handle.read()).digest())
-    return digest.hexdigest()
+    @property
+    def name(self):
+        return task_file_name(self.job, self.index)
 
 
 # ---------------------------------------------------------------- agent <-> controller messages
@@ -191,10 +155,19 @@ def encode(msg):
     return json.dumps(dict(as_dict(msg), type=msg.kind), separators=(",", ":")) + "\n"
 
 
+# Messages defined by the module that uses them, loaded with the first one: the agent's start
+# pays nothing for them.
+DEFINED_IN = dict.fromkeys(("watch_stalls", "take_stacks", "stalled", "resumed"),
+                           "tfcluster_agent.stall")
+
+
 def decode(line):
     """The message a line carries; ValueError for anything else."""
     data = json.loads(line)
-    cls = MESSAGES.get(data.pop("type", None)) if isinstance(data, dict) else None
+    kind = data.pop("type", None) if isinstance(data, dict) else None
+    if kind in DEFINED_IN and kind not in MESSAGES:
+        __import__(DEFINED_IN[kind])
+    cls = MESSAGES.get(kind)
     if cls is None:
         raise ValueError("not a tfcluster message: %r" % line[:200])
     known = set(cls.field_names)

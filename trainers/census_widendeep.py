@@ -10,7 +10,7 @@ and print the test accuracy and loss.
 """
 import math
 
-from trainers import bootstrap, data, loop, sessions
+from trainers.common import bootstrap, data, loop, sessions
 
 AGE_BOUNDARIES = [18.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0, 55.0, 60.0, 65.0]
 # Hash buckets of each categorical column (wide weights and deep embeddings alike).
@@ -44,6 +44,7 @@ def build_parser():
 
 
 def load_dataset(args):
+    """The census rows --dataset names: adult.data and adult.test in --data_dir, or synthetic."""
     if args.dataset == "synthetic":
         return data.synthetic_census()
     return data.load_census(args.data_dir, drop_missing=args.drop_missing)
@@ -60,7 +61,7 @@ def numeric_stats(dataset):
     return stats
 
 
-def build_inputs(tf):
+def placeholders(tf):
     """Placeholders for one batch of census rows: strings for categories, floats for numbers."""
     v1 = tf.compat.v1
     features = {c: v1.placeholder(tf.string, [None], name=c) for c in data.CENSUS_CATEGORICAL}
@@ -79,7 +80,7 @@ def build_model(dataset, args, info):
                                                   ps_device="/job:ps/cpu:0",
                                                   cluster=info.cluster_spec())):
         global_step = v1.train.get_or_create_global_step()
-        features, labels = build_inputs(tf)
+        features, labels = placeholders(tf)
         ids = {c: tf.strings.to_hash_bucket_fast(features[c], HASH_BUCKETS[c])
                for c in data.CENSUS_CATEGORICAL}
         age_bucket = tf.raw_ops.Bucketize(input=features["age"], boundaries=AGE_BOUNDARIES)
@@ -174,22 +175,11 @@ def train(info, server, dataset, args):
                            wide_params=model["wide_params"], deep_params=model["deep_params"])
 
 
-def run(options, cluster):
-    """This task's part: a worker trains and returns its results dict, a ps serves (None).
-    OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a bootstrap.ClusterInfo."""
+def run(options, cluster, dataset=None):
+    """A worker trains wide & deep (its results dict), a ps serves (None)."""
     args = bootstrap.options(build_parser(), options)
-    return sessions.run_between_graph(
-        cluster, lambda: load_dataset(args),
-        lambda info, server, dataset: train(info, server, dataset, args), seed=args.seed)
-
-
-def main(argv, environ):
-    """The command line and the environment, read here only; the result line at the end."""
-    args = build_parser().parse_args(argv)
-    cluster = bootstrap.cluster_from_args(args, environ)
-    bootstrap.graph_mode()
-    return bootstrap.report_and_exit(run(args, cluster))
+    return sessions.run_between_graph(cluster, args, load_dataset, train, dataset)
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
+    bootstrap.entry(build_parser, run, graph=True)

@@ -25,7 +25,7 @@ before it exits, so no worker is left talking to a master that is gone.
 
 The model: one hidden ReLU layer and softmax, gradient descent on the averaged gradient.
 """
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
 
 MASTER_JOB = "chief"
 
@@ -54,7 +54,6 @@ def build_model(dataset, args, info):
     import tensorflow as tf
     v1 = tf.compat.v1
     num_workers = info.num_workers
-    model = {"num_workers": num_workers}
     with v1.device(models.variables_on(master_device(), info.device)):
         global_step = v1.train.get_or_create_global_step()
         x = v1.placeholder(tf.float32, [None, int(dataset.train_x.shape[1])], name="x")
@@ -66,7 +65,7 @@ def build_model(dataset, args, info):
                          for i in range(num_workers)]
         fresh = [v1.Variable(tf.constant(0, tf.int64), trainable=False,
                              name="fresh_worker_%d" % i) for i in range(num_workers)]
-    model.update(global_step=global_step, params=params, contributions=contributions,
+    model = dict(global_step=global_step, params=params, contributions=contributions,
                  fresh=fresh, x=x, y=y, loss=loss, accuracy=accuracy)
 
     dtypes = [tf.int64] + [tf.float32] * len(params) + [tf.float32]
@@ -132,34 +131,24 @@ def session_config(info):
     return config
 
 
-def run_options(seconds):
-    import tensorflow as tf
-    return tf.compat.v1.RunOptions(timeout_in_ms=int(seconds * 1000))
-
-
 def counters(sess, model):
     contributions, fresh = sess.run([model["contributions"], model["fresh"]])
     return ({"worker:%d" % i: int(c) for i, c in enumerate(contributions)},
             {"worker:%d" % i: int(f) for i, f in enumerate(fresh)})
 
 
-def train_master(info, sess, saver, model, dataset, args, evaluate):
-    """The master's loop: apply until the target step, save, wait for the workers' `done`."""
-    import tensorflow as tf
-    start_step = int(sess.run(model["global_step"]))
-    progress = loop.Progress(info, args, args.batch_size * model["num_workers"], start_step,
-                             *evaluate(), expected_steps=args.train_steps - start_step)
+def master_step(info, sess, saver, model, dataset, args, progress):
+    """The master's TRAIN_STEP() -> the new global step: one item from every worker's gradient
+    queue, averaged and applied once; the round logged every --log_every steps and at the end,
+    a checkpoint every --save_every_steps."""
     bootstrap.log("Master: waiting for %d workers' gradients from global step %d to %d "
-                  "(initial loss %.4f)" % (model["num_workers"], start_step, args.train_steps,
-                                           progress.initial_loss))
-    step, options = start_step, run_options(args.step_timeout_secs)
+                  "(initial loss %.4f)" % (info.num_workers, progress.start_step,
+                                           args.train_steps, progress.initial_loss))
+    options = sessions.timeout(args.step_timeout_secs)
     fetches = [model["apply_step"], model["stamps"], model["worker_losses"]]
-    while step < args.train_steps:
-        if progress.devices is None:
-            (step, stamps, losses), stats = models.traced_run(sess, fetches)
-            progress.devices = models.placed_devices(stats, info.device)
-        else:
-            step, stamps, losses = sess.run(fetches, options=options)
+
+    def train_step():
+        step, stamps, losses = loop.train_step(sess, progress, fetches, None, info.device, options)
         progress.tick(step, float(losses.mean()))
         if progress.local_steps % progress.log_every == 0 or progress.step >= args.train_steps:
             bootstrap.log("Master: step %d applied the average of %s (computed at step %s), "
@@ -169,7 +158,28 @@ def train_master(info, sess, saver, model, dataset, args, evaluate):
                                                 " ".join("%.4f" % v for v in losses)))
         if args.save_every_steps and progress.local_steps % args.save_every_steps == 0:
             sessions.save_checkpoint(sess, saver, args.checkpoint_dir, step)
-    progress.stop()
+        return step
+    return train_step
+
+
+def worker_step(info, sess, saver, model, dataset, args, progress):
+    """A worker's TRAIN_STEP() -> the new global step: its gradient on a batch of its shard put
+    into its queue on the master, then the wait for its token."""
+    batches = loop.build_inputs(dataset, info, args)
+    options = sessions.timeout(args.step_timeout_secs)
+    feed, fetches = loop.feeder(model), [model["step"], model["loss"]]
+
+    def train_step():
+        step, loss = loop.train_step(sess, progress, fetches, feed(next(batches)), info.device,
+                                     options)
+        progress.tick(step, loss)
+        return step
+    return train_step
+
+
+def finish_master(info, sess, saver, model, args, progress, evaluate):
+    """The master's end: its counters, its checkpoint, its test figures, and the wait (up to
+    --finish_wait_secs) for every worker's `done`."""
     contributions, fresh = counters(sess, model)
     bootstrap.log("Master: %d steps in %.2fs; contributions %s; fresh %s"
                   % (progress.local_steps, progress.elapsed, contributions, fresh))
@@ -178,38 +188,18 @@ def train_master(info, sess, saver, model, dataset, args, evaluate):
     if sessions.save_checkpoint(sess, saver, args.checkpoint_dir, progress.step):
         extras["checkpoint_step"] = progress.step
     loss, accuracy = evaluate()
-    try:
-        sess.run(model["wait_done"], options=run_options(args.finish_wait_secs))
-        extras["workers_finished"] = True
-    except tf.errors.DeadlineExceededError:
-        bootstrap.log("WARNING: not every worker finished within %gs" % args.finish_wait_secs)
-        extras["workers_finished"] = False
+    extras["workers_finished"] = sessions.finished_within(
+        sess, model["wait_done"], args.finish_wait_secs,
+        "not every worker finished within %gs" % args.finish_wait_secs)
     bootstrap.log("Master: test accuracy %.4f, test loss %.4f" % (accuracy, loss))
     return progress.result(loss, accuracy, **extras)
 
 
-def train_worker(info, sess, model, dataset, args, evaluate):
-    """A worker's loop: send one gradient, wait for the token, until the target step."""
-    start_step = int(sess.run(model["global_step"]))
-    progress = loop.Progress(info, args, args.batch_size, start_step, *evaluate(),
-                             expected_steps=args.train_steps - start_step)
-    shard = dataset.shard(info.index, info.num_workers)
-    batches = data.batches(shard.train_x, shard.train_y, args.batch_size,
-                           seed=(args.seed, info.index))
-    options = run_options(args.step_timeout_secs)
-    step, feed = start_step, loop.feeder(model)
-    while step < args.train_steps:
-        fetches, feed_dict = [model["step"], model["loss"]], feed(next(batches))
-        if progress.devices is None:
-            (step, loss), stats = models.traced_run(sess, fetches, feed_dict)
-            progress.devices = models.placed_devices(stats, info.device)
-        else:
-            step, loss = sess.run(fetches, feed_dict=feed_dict, options=options)
-        progress.tick(step, loss)
-    progress.stop()
+def finish_worker(info, sess, saver, model, args, progress, evaluate):
+    """A worker's end: its test figures and counters, then its `done` in the master's queue."""
     loss, accuracy = evaluate()
     contributions, fresh = counters(sess, model)
-    sess.run(model["done"], options=run_options(args.finish_wait_secs))
+    sess.run(model["done"], options=sessions.timeout(args.finish_wait_secs))
     bootstrap.log("Worker %d: sent %d gradients in %.2fs; test accuracy %.4f, test loss %.4f"
                   % (info.index, progress.local_steps, progress.elapsed, accuracy, loss))
     return progress.result(loss, accuracy, role="worker",
@@ -217,25 +207,38 @@ def train_worker(info, sess, model, dataset, args, evaluate):
 
 
 def train(info, server, dataset, args):
+    """This task's loop to --train_steps, the master's or a worker's (their train_step and end
+    differ); its results dict."""
     model = build_model(dataset, args, info)
     sess, saver = sessions.graph_session(info, server, args.checkpoint_dir,
                                           config=session_config(info))
-    evaluate = loop.test_evaluator(sess, model, dataset)
-    if info.job == MASTER_JOB:
-        results = train_master(info, sess, saver, model, dataset, args, evaluate)
-    else:
-        results = train_worker(info, sess, model, dataset, args, evaluate)
+    master = info.job == MASTER_JOB
+
+    def evaluate():
+        return loop.evaluate(sess, model, dataset.test_x, dataset.test_y)
+
+    start_step = int(sess.run(model["global_step"]))
+    examples = args.batch_size * (info.num_workers if master else 1)  # per global step
+    progress = loop.Progress(info, args, examples, start_step, *evaluate(),
+                             expected_steps=args.train_steps - start_step)
+    train_step = (master_step if master else worker_step)(info, sess, saver, model, dataset,
+                                                          args, progress)
+    step = start_step
+    while step < args.train_steps:
+        step = train_step()
+    progress.stop()
+    results = (finish_master if master else finish_worker)(info, sess, saver, model, args,
+                                                           progress, evaluate)
     sess.close()
     results.update(dataset=dataset.name, num_workers=info.num_workers,
                    batch_size=args.batch_size, target_step=args.train_steps)
     return results
 
 
-def run(options, cluster):
-    """This task's part, the master's or a worker's; its results dict. OPTIONS: a dict (or
-    parsed flags) over the flags' defaults; CLUSTER: a bootstrap.ClusterInfo. The master and
-    the workers exchange through queues on the master: each task needs its server (in one
-    process: one server per task, each task in its own thread)."""
+def run(options, cluster, dataset=None):
+    """The master applies, the workers send gradients (each its results dict). They exchange
+    through queues on the master: each task needs its server (in one process: one server per
+    task, each task in its own thread)."""
     args = bootstrap.options(build_parser(), options)
     info = cluster
     if info.job not in (MASTER_JOB, "worker"):
@@ -244,7 +247,7 @@ def run(options, cluster):
     if MASTER_JOB not in info.jobs or info.num_workers < 1:
         raise SystemExit("data_parallel needs 1 %s task (the master) and at least 1 worker; "
                          "the cluster has %s" % (MASTER_JOB, info.jobs))
-    dataset = data.load_images(args.dataset, args.data_dir)
+    dataset = dataset if dataset is not None else data.load_from_flags(args)
     import tensorflow as tf
     with tf.Graph().as_default():
         bootstrap.seed_everything(args.seed)
@@ -252,13 +255,5 @@ def run(options, cluster):
         return train(info, server, dataset, args)
 
 
-def main(argv, environ):
-    """The command line and the environment, read here only; the result line at the end."""
-    args = build_parser().parse_args(argv)
-    cluster = bootstrap.cluster_from_args(args, environ)
-    bootstrap.graph_mode()
-    return bootstrap.report_and_exit(run(args, cluster))
-
-
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
+    bootstrap.entry(build_parser, run, graph=True)

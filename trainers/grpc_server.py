@@ -3,7 +3,7 @@
 For clusters whose servers are started apart from the training program (mnist_replica
 --existing_servers connects to them).
 """
-from trainers import bootstrap, sessions
+from trainers.common import bootstrap, sessions
 
 
 def build_parser():
@@ -29,18 +29,19 @@ def start(options, cluster):
                                      task_index=cluster.index, config=config, start=True)
 
 
-def main(argv, environ):
-    """The command line and the environment, read here only; serves until stopped."""
-    args = build_parser().parse_args(argv)
+def find_cluster(args, environ):
+    """--cluster_spec with --job_name and --task_id, else the cluster in TF_CONFIG."""
     if args.cluster_spec:
-        cluster = bootstrap.ClusterInfo(bootstrap.parse_dist_test_spec(args.cluster_spec),
-                                        args.job_name, args.task_id,
-                                        bootstrap.TaskEnv.from_environ(environ))
-    else:
-        cluster = bootstrap.cluster_from_tf_config(environ)
-    sessions.serve_forever(start(args, cluster), cluster)
-    return 0
+        return bootstrap.ClusterInfo(bootstrap.parse_dist_test_spec(args.cluster_spec),
+                                     args.job_name, args.task_id,
+                                     bootstrap.TaskEnv.from_environ(environ))
+    return bootstrap.cluster_from_tf_config(environ)
+
+
+def run(options, cluster):
+    """Start this task's server and serve until stopped (no result)."""
+    sessions.serve_forever(start(options, cluster), cluster)
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
+    bootstrap.entry(build_parser, run, find_cluster=find_cluster)

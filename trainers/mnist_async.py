@@ -14,7 +14,7 @@ a sigmoid network in 20 epochs). At the end every worker prints `Test-Accuracy`,
 """
 import math
 
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
 
 
 def build_parser():
@@ -66,19 +66,6 @@ def build_model(dataset, args, info):
     return model
 
 
-def wait_for_others(sess, model, seconds):
-    """The chief's wait for the other workers' `done`; False when they did not all come."""
-    import tensorflow as tf
-    options = tf.compat.v1.RunOptions(timeout_in_ms=int(seconds * 1000))
-    try:
-        sess.run(model["wait_done"], options=options)
-        return True
-    except tf.errors.DeadlineExceededError:
-        bootstrap.log("WARNING: the other workers did not finish within %gs; saving anyway"
-                      % seconds)
-        return False
-
-
 def train(info, server, dataset, args):
     """One worker's loop; returns the results dict for the result line."""
     model = build_model(dataset, args, info)
@@ -90,7 +77,9 @@ def train(info, server, dataset, args):
     extras = {"dataset": dataset.name, "target_step": target, "batch_size": args.batch_size,
               "learning_rate": args.learning_rate}
     if info.is_chief:
-        extras["others_finished"] = wait_for_others(sess, model, args.finish_wait_secs)
+        extras["others_finished"] = sessions.finished_within(
+            sess, model["wait_done"], args.finish_wait_secs,
+            "the other workers did not finish within %gs; saving anyway" % args.finish_wait_secs)
         step = int(sess.run(model["global_step"]))
         if sessions.save_checkpoint(sess, saver, args.checkpoint_dir, step):
             extras["checkpoint_step"] = step
@@ -105,22 +94,11 @@ def train(info, server, dataset, args):
     return progress.result(final_cost, accuracy, global_step=step, **extras)
 
 
-def run(options, cluster):
-    """This task's part: a worker trains and returns its results dict, a ps serves (None).
-    OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a bootstrap.ClusterInfo."""
+def run(options, cluster, dataset=None):
+    """A worker trains to the target step (its results dict), a ps serves (None)."""
     args = bootstrap.options(build_parser(), options)
-    return sessions.run_between_graph(
-        cluster, lambda: data.load_images(args.dataset, args.data_dir),
-        lambda info, server, dataset: train(info, server, dataset, args), seed=args.seed)
-
-
-def main(argv, environ):
-    """The command line and the environment, read here only; the result line at the end."""
-    args = build_parser().parse_args(argv)
-    cluster = bootstrap.cluster_from_args(args, environ)
-    bootstrap.graph_mode()
-    return bootstrap.report_and_exit(run(args, cluster))
+    return sessions.run_between_graph(cluster, args, data.load_from_flags, train, dataset)
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
+    bootstrap.entry(build_parser, run, graph=True)

@@ -4,7 +4,7 @@ One hidden ReLU layer and softmax, Adam; variables on the ps tasks through repli
 asynchronous by default, synchronous with --sync_replicas (SyncReplicasOptimizer). Training ends
 when the global step reaches --train_steps; each worker then prints its validation cross entropy.
 """
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
 
 
 def build_parser():
@@ -77,27 +77,16 @@ def train(info, server, dataset, args):
     return progress.result(loss, accuracy, dataset=dataset.name, sync=bool(args.sync_replicas))
 
 
-def run(options, cluster):
-    """This task's part: a worker trains and returns its results dict, a ps serves (None).
-    OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a bootstrap.ClusterInfo."""
+def run(options, cluster, dataset=None):
+    """A worker trains (its results dict), a ps serves (None); --download_only checks the data."""
     args = bootstrap.options(build_parser(), options)
     if args.download_only:
-        data.load_images(args.dataset, args.data_dir)
+        data.load_from_flags(args)
         bootstrap.log("data present in %s" % args.data_dir)
         return None
-    return sessions.run_between_graph(
-        cluster, lambda: data.load_images(args.dataset, args.data_dir),
-        lambda info, server, dataset: train(info, server, dataset, args),
-        existing_servers=args.existing_servers, seed=args.seed)
-
-
-def main(argv, environ):
-    """The command line and the environment, read here only; the result line at the end."""
-    args = build_parser().parse_args(argv)
-    cluster = bootstrap.cluster_from_args(args, environ)
-    bootstrap.graph_mode()
-    return bootstrap.report_and_exit(run(args, cluster))
+    return sessions.run_between_graph(cluster, args, data.load_from_flags, train, dataset,
+                                      existing_servers=args.existing_servers)
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
+    bootstrap.entry(build_parser, run, graph=True)

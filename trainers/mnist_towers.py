@@ -13,7 +13,7 @@ session there; without one it runs in-process. The chief checkpoints; a new run 
 --checkpoint_dir resumes from the saved global step.
 """
 
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, sessions, towers
 
 KERNEL = 5
 CONV_DEPTHS = (16, 32)
@@ -33,33 +33,6 @@ def build_parser():
     parser.add_argument("--padding", choices=["auto", "valid", "same"], default="auto",
                         help="auto: VALID as the seed for 28x28 images, SAME for 8x8 digits")
     return parser
-
-
-# ---------------------------------------------------------------- devices
-
-def make_devices(count):
-    """(device type, [device names]) for COUNT towers; call before anything touches TensorFlow's
-    devices, since logical devices can only be configured then."""
-    import tensorflow as tf
-    if count < 1:
-        raise SystemExit("--num_devices must be at least 1")
-    gpus = tf.config.list_physical_devices("GPU")
-    if len(gpus) >= count:
-        return "GPU", ["/device:GPU:%d" % i for i in range(count)]
-    cpus = tf.config.list_physical_devices("CPU")
-    made = tf.config.get_logical_device_configuration(cpus[0]) or []
-    if count > 1 and len(made) < count:  # a process that made enough already keeps them
-        tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
-    return "CPU", ["/device:CPU:%d" % i for i in range(count)]
-
-
-def device_config(config):
-    """The session config with as many CPU devices as were made logical (sessions take their
-    device count from their own ConfigProto, not from tf.config)."""
-    import tensorflow as tf
-    config.device_count["CPU"] = len(tf.config.list_logical_devices("CPU"))
-    return config
 
 
 # ---------------------------------------------------------------- the model
@@ -105,12 +78,6 @@ def tower_logits(params, images, keep_prob, padding):
     return tf.matmul(net, params["logits/weights"]) + params["logits/biases"]
 
 
-def average_gradients(tower_grads):
-    """[[grad per variable] per tower] -> [mean grad per variable]: the towers' sync point."""
-    import tensorflow as tf
-    return [tf.add_n(list(grads)) / float(len(grads)) for grads in zip(*tower_grads)]
-
-
 def build_model(dataset, args, task_device, devices, padding):
     import tensorflow as tf
     v1 = tf.compat.v1
@@ -134,7 +101,7 @@ def build_model(dataset, args, task_device, devices, padding):
             losses.append(loss)
             model["towers"].append({"x": x, "y": y, "logits": logits})
     with v1.device(cpu):
-        grads = average_gradients(tower_grads)
+        grads = towers.average_gradients(tower_grads)
         model["train_op"] = optimizer.apply_gradients(
             list(zip(grads, [params[n] for n in names])), global_step=global_step)
         model["loss"] = tf.add_n(losses) / float(len(losses))
@@ -158,18 +125,15 @@ def split_feed(model, batch_x, batch_y, keep_prob=None):
     return feed
 
 
-def evaluator(sess, model, x, y, batch_size):
-    """EVALUATE() -> (cross entropy, accuracy) on (x, y) through the first tower, no dropout."""
-    tower = model["towers"][0]
-    return lambda: tuple(loop.evaluate(sess, [model["xent"], model["accuracy"]],
-                                       lambda b: {tower["x"]: b[0], tower["y"]: b[1]},
-                                       x, y, batch_size))
+def evaluate(sess, model, x, y, batch_size):
+    """(cross entropy, accuracy) on (x, y) through the first tower, no dropout."""
+    return loop.evaluate(sess, model, x, y, loop.feeder(model["towers"][0]), batch_size,
+                         fetches=("xent", "accuracy"))
 
 
-def traced_step(sess, model, feed):
-    """Run one training step traced: ({tower: [devices that ran its computation]}, step stats)."""
+def tower_devices(stats):
+    """{tower: [devices that ran its computation]} in the step stats of a traced step."""
     import tensorflow as tf
-    _, stats = models.traced_run(sess, model["train_op"], feed)
     observed = {}
     for dev in stats.dev_stats:
         spec = tf.DeviceSpec.from_string(dev.device)
@@ -181,7 +145,7 @@ def traced_step(sess, model, feed):
             if tower.startswith("tower") and "ReadVariableOp" not in node.node_name:
                 name = "%s:%d" % (spec.device_type, spec.device_index or 0)
                 observed.setdefault(tower, set()).add(name)
-    return {tower: sorted(devices) for tower, devices in sorted(observed.items())}, stats
+    return {tower: sorted(devices) for tower, devices in sorted(observed.items())}
 
 
 def split_validation(dataset, size):
@@ -194,6 +158,7 @@ def split_validation(dataset, size):
 # ---------------------------------------------------------------- training
 
 def train(info, target, dataset, args, device_type, devices, env=None):
+    """Train to --epochs on this host's towers, a validation after each epoch; the result."""
     import tensorflow as tf
     v1 = tf.compat.v1
     padding = args.padding
@@ -203,15 +168,18 @@ def train(info, target, dataset, args, device_type, devices, env=None):
     model = build_model(dataset, args, task_device, devices, padding)
     saver = v1.train.Saver(max_to_keep=2)
     if info is not None:
-        config = device_config(sessions.session_config(info))
+        config = towers.device_config(sessions.session_config(info))
     else:
-        config = device_config(v1.ConfigProto(allow_soft_placement=True))
+        config = towers.device_config(v1.ConfigProto(allow_soft_placement=True))
     manager = sessions.session_manager()
     sess = manager.prepare_session(target, init_op=v1.global_variables_initializer(),
                                    saver=saver, checkpoint_dir=args.checkpoint_dir or None,
                                    config=config)
     train_x, train_y, valid_x, valid_y = split_validation(dataset, args.validation_size)
-    validate = evaluator(sess, model, valid_x, valid_y, args.batch_size)
+
+    def validate():
+        return evaluate(sess, model, valid_x, valid_y, args.batch_size)
+
     per_epoch = max(1, len(train_x) // args.batch_size)
     target_step = args.epochs * per_epoch
     start_step = int(sess.run(model["global_step"]))
@@ -227,13 +195,9 @@ def train(info, target, dataset, args, device_type, devices, env=None):
         epoch_end = min(target_step, (step // per_epoch + 1) * per_epoch)
         while step < epoch_end:
             feed = split_feed(model, *next(batches), keep_prob=args.keep_prob)
-            if observed is None:
-                # The first step runs traced: which devices ran each tower's ops.
-                observed, stats = traced_step(sess, model, feed)
-                progress.devices = models.placed_devices(stats)
-                loss = None
-            else:
-                _, loss = sess.run([model["train_op"], model["loss"]], feed_dict=feed)
+            _, loss = loop.train_step(sess, progress, [model["train_op"], model["loss"]], feed)
+            if observed is None:  # the first step ran traced: which devices ran each tower
+                observed = tower_devices(progress.step_stats)
             step += 1  # a single task: nobody else moves the global step
             progress.tick(step, loss)
         cost_time += timer.seconds
@@ -252,41 +216,31 @@ def train(info, target, dataset, args, device_type, devices, env=None):
             sess, saver, args.checkpoint_dir, step):
         extras["checkpoint_step"] = step
     # The result's loss and accuracy are on the test set, which training never saw.
-    loss, accuracy = evaluator(sess, model, dataset.test_x, dataset.test_y, args.batch_size)()
+    loss, accuracy = evaluate(sess, model, dataset.test_x, dataset.test_y, args.batch_size)
     sess.close()
     return progress.result(loss, accuracy, **extras)
 
 
-def run(options, cluster=None, env=None):
-    """Train on this host's towers; the result dict. OPTIONS: a dict (or parsed flags) over the
-    flags' defaults; CLUSTER: None, or a one-worker bootstrap.ClusterInfo; ENV: a
-    bootstrap.TaskEnv (default: CLUSTER's)."""
+def run(options, cluster=None, dataset=None, env=None):
+    """Train on this host's towers; the result dict. CLUSTER: None, or a one-worker cluster;
+    ENV: a bootstrap.TaskEnv (default: CLUSTER's)."""
     args = bootstrap.options(build_parser(), options)
     info = cluster
     if info is not None and (info.job != "worker" or info.num_ps or info.num_workers != 1):
         raise SystemExit("mnist_towers is a single-task job (one worker, no ps); got %s as %s"
                          % (info.jobs, info.label))
-    dataset = data.load_images(args.dataset, args.data_dir, flat=False)
+    dataset = dataset if dataset is not None else data.load_from_flags(args, flat=False)
     import tensorflow as tf
-    device_type, devices = make_devices(args.num_devices)  # before anything touches devices
+    device_type, devices = towers.make_devices(args.num_devices)  # before anything uses them
     env = env or (info.env if info is not None else bootstrap.TaskEnv())
     with tf.Graph().as_default():
         bootstrap.seed_everything(args.seed)
         target = ""
         if info is not None:
             target = sessions.start_server(
-                info, device_config(sessions.session_config(info))).target
+                info, towers.device_config(sessions.session_config(info))).target
         return train(info, target, dataset, args, device_type, devices, env)
 
 
-def main(argv, environ):
-    """The command line and the environment, read here only; the result line at the end."""
-    args = build_parser().parse_args(argv)
-    cluster = None
-    if bootstrap.has_cluster(args, environ):
-        cluster = bootstrap.cluster_from_args(args, environ)
-    return bootstrap.report_and_exit(run(args, cluster, bootstrap.TaskEnv.from_environ(environ)))
-
-
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
+    bootstrap.entry(build_parser, run, find_cluster=bootstrap.cluster_if_given)

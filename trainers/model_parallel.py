@@ -10,7 +10,8 @@ The result line reports `placement`, the device every variable was assigned, and
 step (from TensorFlow's step stats); --print_placement also logs them. With more ps tasks the
 layers go to ps tasks 0 and 1; with a single ps task both layers share it.
 """
-from trainers import bootstrap, data, loop, models, sessions
+from trainers.common import bootstrap, data, loop, models, sessions
+
 
 def build_parser():
     parser = bootstrap.trainer_parser(__doc__)
@@ -101,24 +102,13 @@ def train(info, server, dataset, args):
     return progress.result(loss, accuracy, global_step=step, **extras)
 
 
-def run(options, cluster):
-    """This task's part: a worker trains and returns its results dict, a ps serves (None).
-    OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a bootstrap.ClusterInfo."""
+def run(options, cluster, dataset=None):
+    """The worker trains with each layer on its own ps task (its results dict), a ps serves."""
     args = bootstrap.options(build_parser(), options)
     if cluster.num_ps < 1:
         raise SystemExit("model_parallel needs ps tasks to hold the layers (2 by default)")
-    return sessions.run_between_graph(
-        cluster, lambda: data.load_images(args.dataset, args.data_dir),
-        lambda info, server, dataset: train(info, server, dataset, args), seed=args.seed)
-
-
-def main(argv, environ):
-    """The command line and the environment, read here only; the result line at the end."""
-    args = build_parser().parse_args(argv)
-    cluster = bootstrap.cluster_from_args(args, environ)
-    bootstrap.graph_mode()
-    return bootstrap.report_and_exit(run(args, cluster))
+    return sessions.run_between_graph(cluster, args, data.load_from_flags, train, dataset)
 
 
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
+    bootstrap.entry(build_parser, run, graph=True)

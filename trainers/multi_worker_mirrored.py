@@ -12,31 +12,15 @@ import tempfile
 
 import numpy as np
 
-from trainers import bootstrap, data, loop, models
-
-COLLECTIVES = ("auto", "ring", "nccl")
+from trainers.common import bootstrap, data, loop, models, strategies
 
 
 def build_parser():
     parser = bootstrap.trainer_parser(__doc__)
     models.add_classifier_flags(parser, "synchronous steps")
-    parser.add_argument("--collective", default="auto", choices=COLLECTIVES,
+    parser.add_argument("--collective", default="auto", choices=strategies.COLLECTIVES,
                         help="all-reduce implementation (ring: gRPC, nccl: GPUs)")
     return parser
-
-
-def make_strategy(tf, info, args):
-    """The strategy over this run's workers; create it before any other TensorFlow op."""
-    spec = tf.train.ClusterSpec({}) if info.in_process else info.cluster_spec()
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        spec, task_type=info.job, task_id=info.index, rpc_layer="grpc")
-    implementation = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-                      "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-                      "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation[args.collective])
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                     communication_options=options)
 
 
 def checksum(model):
@@ -45,14 +29,14 @@ def checksum(model):
 
 
 def train(info, strategy, dataset, args):
+    """This worker's synchronous loop to --train_steps; returns the results dict."""
     import tensorflow as tf
     workers = strategy.num_replicas_in_sync
     if args.batch_size % workers:
         raise SystemExit("--batch_size %d is not a multiple of the %d replicas"
                          % (args.batch_size, workers))
     with strategy.scope():
-        model = models.make_classifier(tf, int(dataset.train_x.shape[1]), args.hidden_units,
-                                       dataset.num_classes, seed=args.seed)
+        model = models.build_classifier(tf, dataset, args)
     checkpoints = restored = save_dir = None
     if args.checkpoint_dir:
         # Every worker must take part in saving; only the chief's copy is kept.
@@ -61,7 +45,7 @@ def train(info, strategy, dataset, args):
                                                           save_to=save_dir)
     per_replica_batch = args.batch_size // workers
 
-    def dataset_fn(context):
+    def build_inputs(context):
         # Each worker's input pipeline reads its own share of the examples.
         share = slice(context.input_pipeline_id, None, context.num_input_pipelines)
         return (tf.data.Dataset.from_tensor_slices((dataset.train_x[share],
@@ -69,7 +53,7 @@ def train(info, strategy, dataset, args):
                 .shuffle(4096, seed=args.seed + context.input_pipeline_id).repeat()
                 .batch(per_replica_batch, drop_remainder=True).prefetch(2))
 
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    iterator = iter(strategy.distribute_datasets_from_function(build_inputs))
     params = model.params
     learning_rate = args.learning_rate
     global_batch = float(args.batch_size)
@@ -90,7 +74,7 @@ def train(info, strategy, dataset, args):
         return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
 
     start_step = int(model.steps.numpy())
-    initial_loss, initial_acc, _ = models.evaluate_module(tf, model, dataset)
+    initial_loss, initial_acc, _ = models.evaluate(tf, model, dataset)
     bootstrap.log("%s: %d replicas in sync; before training: test loss %.4f, accuracy %.4f"
                   % (info.label, workers, initial_loss, initial_acc))
     progress = loop.Progress(info, args, args.batch_size, start_step, initial_loss, initial_acc,
@@ -99,7 +83,7 @@ def train(info, strategy, dataset, args):
         progress.tick(step, float(train_step(iterator)))
     progress.stop()
     steps = int(model.steps.numpy())
-    loss, acc, _ = models.evaluate_module(tf, model, dataset)
+    loss, acc, _ = models.evaluate(tf, model, dataset)
     total = checksum(model)
     bootstrap.log("%s: after %d synchronous steps (%.2f s): test loss %.4f, accuracy %.4f (%s); "
                   "parameter checksum %.6f" % (info.label, steps, progress.elapsed, loss, acc,
@@ -117,27 +101,19 @@ def train(info, strategy, dataset, args):
         replicas_in_sync=workers, restored=restored, param_checksum=total)
 
 
-def run(options, cluster):
-    """This worker's part; its results dict. OPTIONS: a dict (or parsed flags) over the flags'
-    defaults; CLUSTER: a bootstrap.ClusterInfo (in process: the strategy on this process's
-    devices alone, no collective over gRPC)."""
+def run(options, cluster, dataset=None):
+    """This worker trains (its results dict); in process, the strategy runs on this process's
+    devices alone (no collective over gRPC)."""
     args = bootstrap.options(build_parser(), options)
     info = cluster
     if info.job not in ("worker", "chief"):
         raise SystemExit("MultiWorkerMirroredStrategy has no %r tasks: launch workers only"
                          % info.job)
-    import tensorflow as tf
     bootstrap.seed_everything(args.seed)
-    strategy = make_strategy(tf, info, args)
-    dataset = data.load_images(args.dataset, args.data_dir)
+    strategy = strategies.make_strategy("multi_worker_mirrored", info, collective=args.collective)
+    dataset = dataset if dataset is not None else data.load_from_flags(args)
     return train(info, strategy, dataset, args)
 
 
-def main(argv, environ):
-    """The command line and the environment, read here only; the result line at the end."""
-    args = build_parser().parse_args(argv)
-    return bootstrap.report_and_exit(run(args, bootstrap.cluster_from_args(args, environ)))
-
-
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
+    bootstrap.entry(build_parser, run)

@@ -10,44 +10,18 @@ training loop (plain SGD): no Keras, which does not support this strategy any mo
 The run succeeds when the chief exits 0; tfcluster then stops the workers and ps tasks (they
 serve until stopped: TensorFlow has no remote shutdown).
 """
-import numpy as np
-
-from trainers import bootstrap, data, loop, models, sessions
-
-PARTITIONERS = ("fixed", "min_size", "none")
+from trainers.common import bootstrap, data, loop, models, sessions, strategies
 
 
 def build_parser():
     parser = bootstrap.trainer_parser(__doc__)
     models.add_classifier_flags(parser, "training steps the coordinator schedules")
-    parser.add_argument("--partitioner", default="fixed", choices=PARTITIONERS,
+    parser.add_argument("--partitioner", default="fixed", choices=strategies.PARTITIONERS,
                         help="fixed: every variable in --num_shards shards; min_size: shards of "
                              "at least --min_shard_bytes (at most one per ps); none: no sharding")
     parser.add_argument("--num_shards", type=int, default=0, help="fixed: shards (0: one per ps)")
     parser.add_argument("--min_shard_bytes", type=int, default=256 << 10)
     return parser
-
-
-def make_partitioner(tf, args, num_ps):
-    """The variable partitioner named by --partitioner."""
-    partitioners = tf.distribute.experimental.partitioners
-    if args.partitioner == "fixed":
-        return partitioners.FixedShardsPartitioner(num_shards=args.num_shards or num_ps)
-    if args.partitioner == "min_size":
-        return partitioners.MinSizePartitioner(min_shard_bytes=args.min_shard_bytes,
-                                               max_shards=num_ps)
-    if args.partitioner == "none":
-        return None
-    raise SystemExit("unknown --partitioner %r: choose one of %s"
-                     % (args.partitioner, ", ".join(PARTITIONERS)))
-
-
-def make_strategy(tf, info, args):
-    """ParameterServerStrategy over this run's cluster; it reads the cluster when created."""
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        info.cluster_spec(), task_type=info.job, task_id=info.index, rpc_layer="grpc")
-    return tf.distribute.ParameterServerStrategy(
-        resolver, variable_partitioner=make_partitioner(tf, args, info.num_ps))
 
 
 def shards(variable):
@@ -59,11 +33,12 @@ def train(info, dataset, args):
     """The chief: strategy, coordinator, variables, the scheduled loop; returns the results."""
     import tensorflow as tf
     bootstrap.seed_everything(args.seed)
-    strategy = make_strategy(tf, info, args)
+    strategy = strategies.make_strategy(
+        "parameter_server", info, partitioner=args.partitioner, num_shards=args.num_shards,
+        min_shard_bytes=args.min_shard_bytes)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
-        model = models.make_classifier(tf, int(dataset.train_x.shape[1]), args.hidden_units,
-                                       dataset.num_classes, seed=args.seed)
+        model = models.build_classifier(tf, dataset, args)
     variables = [v for p in model.params for v in shards(p)]
     shard_devices = {name: [v.device for v in shards(p)] for name, p in model.named_params.items()}
     bootstrap.log("chief: %d workers, %d ps; variable shards: %s"
@@ -74,12 +49,12 @@ def train(info, dataset, args):
     start_steps = int(model.steps.numpy())
     train_x, train_y = dataset.train_x, dataset.train_y
 
-    def dataset_fn():
+    def build_inputs():
         return (tf.data.Dataset.from_tensor_slices((train_x, train_y))
                 .shuffle(len(train_y), seed=args.seed).repeat()
                 .batch(args.batch_size, drop_remainder=True).prefetch(2))
 
-    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    iterator = iter(coordinator.create_per_worker_dataset(build_inputs))
     learning_rate = args.learning_rate
 
     @tf.function
@@ -95,7 +70,7 @@ def train(info, dataset, args):
         x, y = next(batches)
         return strategy.run(step_fn, args=(x, y))
 
-    initial_loss, initial_acc, _ = models.evaluate_module(tf, model, dataset)
+    initial_loss, initial_acc, _ = models.evaluate(tf, model, dataset)
     progress = loop.Progress(info, args, args.batch_size, start_steps, initial_loss, initial_acc,
                              expected_steps=args.train_steps)
     for step in range(1, args.train_steps + 1):
@@ -107,7 +82,7 @@ def train(info, dataset, args):
     coordinator.join()
     progress.stop()
     applied = int(model.steps.numpy()) - start_steps
-    loss, acc, device = models.evaluate_module(tf, model, dataset)
+    loss, acc, device = models.evaluate(tf, model, dataset)
     bootstrap.log("chief: %d steps applied by %d workers in %.2f s; test loss %.4f, accuracy %.4f"
                   " (%s)" % (applied, info.num_workers, progress.elapsed, loss, acc,
                              dataset.name))
@@ -124,24 +99,10 @@ def train(info, dataset, args):
         scheduled_steps=args.train_steps, steps_applied=applied, restored=restored)
 
 
-def ensure_inter_op_threads(environ, minimum=2):
-    """At least MINIMUM inter-op threads, set before TensorFlow starts (it reads the variable).
-
-    With a single inter-op thread (what a fair share of a 2-core host gives 5 tasks) the
-    coordinator's first scheduled step never finishes: the worker running the multi-device
-    function and the ps tasks it sends to wait on each other (measured with TF 2.21).
-    """
-    current = int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0)
-    if current and current < minimum:
-        environ["TF_NUM_INTEROP_THREADS"] = str(minimum)
-    return int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0)
-
-
-def run(options, cluster):
-    """This task's part: the chief trains and returns its results dict; ps and workers serve
-    (None). OPTIONS: a dict (or parsed flags) over the flags' defaults; CLUSTER: a
-    bootstrap.ClusterInfo. The coordinator reaches the workers over gRPC only: in one process,
-    start their servers first (start_server)."""
+def run(options, cluster, dataset=None):
+    """The chief trains (its results dict); ps and workers serve (None). The coordinator
+    reaches the workers over gRPC only: in one process, start their servers first
+    (start_server)."""
     args = bootstrap.options(build_parser(), options)
     info = cluster
     if info.job in ("ps", "worker"):
@@ -153,10 +114,7 @@ def run(options, cluster):
     if info.num_ps < 1 or info.num_workers < 1:
         raise SystemExit("ParameterServerStrategy needs ps and worker tasks besides the chief "
                          "(the cluster has %d ps, %d workers)" % (info.num_ps, info.num_workers))
-    dataset = data.load_images(args.dataset, args.data_dir)
-    dataset = data.Dataset(dataset.name, dataset.train_x, dataset.train_y.astype(np.int64),
-                           dataset.test_x, dataset.test_y.astype(np.int64), dataset.num_classes)
-    return train(info, dataset, args)
+    return train(info, dataset if dataset is not None else data.load_from_flags(args), args)
 
 
 def start_server(info):
@@ -165,13 +123,8 @@ def start_server(info):
     return sessions.start_server(info, config=sessions.session_config(info, device_filters=False))
 
 
-def main(argv, environ):
-    """The command line and the environment, read here only; the result line at the end."""
-    args = build_parser().parse_args(argv)
-    ensure_inter_op_threads(environ)  # before TensorFlow starts (it reads the variable)
-    cluster = bootstrap.cluster_from_args(args, environ)  # and before the cluster's TaskEnv
-    return bootstrap.report_and_exit(run(args, cluster))
-
-
 if __name__ == "__main__":
-    raise SystemExit(bootstrap.main_guard(main))
+    # With a single inter-op thread (what a fair share of a 2-core host gives 5 tasks) the
+    # coordinator's first scheduled step never finishes: the worker running the multi-device
+    # function and the ps tasks it sends to wait on each other (measured with TF 2.21).
+    bootstrap.entry(build_parser, run, inter_op_threads=2)

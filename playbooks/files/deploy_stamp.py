@@ -205,8 +205,8 @@ def inputs(argv):
         tree_digest(digest, top)
     if args.code:
         sys.path.insert(0, args.code)
-        from tfcluster_agent import protocol
-        digest.update(b"code " + protocol.code_hash(args.code).encode())
+        from tfcluster_agent import hostcode
+        digest.update(b"code " + hostcode.code_hash(args.code).encode())
     if args.wheels:
         wheels = sorted(glob.glob(os.path.join(args.wheels, "*.whl")))
         digest.update(json.dumps([[os.path.basename(w), os.path.getsize(w)] for w in wheels]).encode())

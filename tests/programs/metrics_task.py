@@ -8,8 +8,8 @@ import time
 
 import tensorflow as tf
 
-from tfcluster_agent import protocol
-from trainers.loop import Scalars
+from trainers import protocol  # as the README tells user programs to
+from trainers.common.loop import Scalars
 
 task = os.environ["TFCLUSTER_TASK"]  # e.g. worker:1
 scalars = Scalars.for_task(task.replace(":", "-"), os.environ.get("TFCLUSTER_RUN_DIR"))

@@ -2,8 +2,8 @@
 
 - `mlp_logits`: the MNIST network of mnist_replica, mnist_async, data_parallel and model_parallel
   (graph mode): one hidden layer, softmax logits, each layer placeable on its own device.
-- `Classifier` (via `make_classifier`): the same network as a tf.Module for the TF2 strategies
-  (ps_strategy, multi_worker_mirrored), with `evaluate_module`.
+- `Classifier` (via `build_classifier`): the same network as a tf.Module for the TF2 strategies
+  (ps_strategy, multi_worker_mirrored), with its `evaluate`.
 - `traced_run` and `placed_devices`: which devices of a task ran a graph-mode step.
 """
 import contextlib
@@ -89,9 +89,12 @@ def add_classifier_flags(parser, steps_help):
     return parser
 
 
-def make_classifier(tf, inputs, hidden, classes, seed=0):
-    """The MLP as a tf.Module (create it inside strategy.scope() to distribute its variables),
-    with a `steps` counter; initial weights from stateless ops seeded by SEED."""
+def build_classifier(tf, dataset, args):
+    """The MLP for DATASET's flat inputs and classes, --hidden_units wide, as a tf.Module (build
+    it inside strategy.scope() to distribute its variables), with a `steps` counter; initial
+    weights from stateless ops seeded by --seed."""
+    inputs, hidden, classes = int(dataset.train_x.shape[1]), args.hidden_units, dataset.num_classes
+    seed = args.seed
 
     class Classifier(tf.Module):
         def __init__(self):
@@ -120,7 +123,7 @@ def make_classifier(tf, inputs, hidden, classes, seed=0):
     return Classifier()
 
 
-def evaluate_module(tf, model, dataset):
+def evaluate(tf, model, dataset):
     """(test loss, test accuracy, device that computed them) of a Classifier, eagerly."""
     logits = model(tf.constant(dataset.test_x))
     loss, accuracy = xent_and_accuracy(logits, tf.constant(dataset.test_y, tf.int64))

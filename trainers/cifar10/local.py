@@ -1,13 +1,15 @@
 """CIFAR-10 on one host: --num_devices towers averaging their gradients (seeds 004 and 003).
 
-The towers are mnist_towers' (the same devices, the same gradient average): GPUs when the host
-has enough of them, else logical CPU devices. The variables live on the CPU; each tower computes
-the gradients of its slice of the batch on its device, the CPU averages and applies them.
+The towers are mnist_towers' (common/towers.py: the same devices, the same gradient average):
+GPUs when the host has enough of them, else logical CPU devices. The variables live on the CPU;
+each tower computes the gradients of its slice of the batch on its device, the CPU averages and
+applies them.
 """
-from trainers import bootstrap, cifar10_model as model, loop, mnist_towers, models, sessions
+from trainers.cifar10 import model
+from trainers.common import bootstrap, loop, sessions, towers
 
 
-def build_local(dataset, args, devices):
+def build_model(dataset, args, devices):
     """Variables on the CPU, one tower per device on a slice of the batch, mean gradients."""
     import tensorflow as tf
     v1 = tf.compat.v1
@@ -16,7 +18,7 @@ def build_local(dataset, args, devices):
         global_step = v1.train.get_or_create_global_step()
         params = [v1.get_variable(s[0], s[1], initializer=model.initializer(
             tf, s, args.init, args.seed)) for s in specs]
-        images, labels = model.inputs(tf, args, "train")
+        images, labels = model.placeholders(tf, args, "train")
         image_parts = tf.split(images, len(devices))
         label_parts = tf.split(labels, len(devices))
     tower_grads, tower_losses = [], []
@@ -27,7 +29,7 @@ def build_local(dataset, args, devices):
             tower_grads.append(tf.gradients(loss, params))
             tower_losses.append(loss)
     with v1.device("/device:CPU:0"):
-        mean = mnist_towers.average_gradients(tower_grads)
+        mean = towers.average_gradients(tower_grads)
         optimizer = v1.train.GradientDescentOptimizer(args.learning_rate)
         train_op = optimizer.apply_gradients(list(zip(mean, params)), global_step=global_step)
         loss = tf.add_n(tower_losses) / float(len(devices))
@@ -49,22 +51,23 @@ def check_devices(args):
     return count
 
 
-def train_local(dataset, args, info=None, env=None):
+def train(dataset, args, info=None, env=None):
     """Train to --train_steps in this process (in a graph of its own); returns the result
-    dict. ENV: a bootstrap.TaskEnv (default: INFO's)."""
+    dict. INFO (None outside a cluster) names the task in its metrics; ENV: a
+    bootstrap.TaskEnv (default: INFO's)."""
     import tensorflow as tf
     count = check_devices(args)
-    _, devices = mnist_towers.make_devices(count)  # before anything touches the devices
+    _, devices = towers.make_devices(count)  # before anything touches the devices
     env = env or (info.env if info is not None else bootstrap.TaskEnv())
     with tf.Graph().as_default():
-        return _train_local(tf, dataset, args, info, env, count, devices)
+        return train_in_graph(tf, dataset, args, info, env, count, devices)
 
 
-def _train_local(tf, dataset, args, info, env, count, devices):
+def train_in_graph(tf, dataset, args, info, env, count, devices):
     v1 = tf.compat.v1
     bootstrap.seed_everything(args.seed)
-    m = build_local(dataset, args, devices)
-    config = mnist_towers.device_config(v1.ConfigProto(
+    m = build_model(dataset, args, devices)
+    config = towers.device_config(v1.ConfigProto(
         allow_soft_placement=True, intra_op_parallelism_threads=env.intra_op_threads,
         inter_op_parallelism_threads=env.inter_op_threads))
     saver = v1.train.Saver(max_to_keep=2)
@@ -76,16 +79,12 @@ def _train_local(tf, dataset, args, info, env, count, devices):
                   % (count, devices, session_devices))
     initial = model.evaluate(sess, m["eval"], dataset, args)
     start_step = step = int(sess.run(m["global_step"]))
-    batches = model.training_batches(dataset, args, seed=args.seed * 1000)
+    batches = model.build_inputs(dataset, args, seed=args.seed * 1000)
     progress = loop.Progress(info, args, args.batch_size, start_step, *initial,
                              expected_steps=args.train_steps - start_step, env=env)
     while step < args.train_steps:
         feed = dict(zip((m["images"], m["labels"]), next(batches)))
-        if progress.devices is None:  # the first step runs traced: which devices ran towers
-            (_, loss), stats = models.traced_run(sess, [m["train_op"], m["loss"]], feed)
-            progress.devices = models.placed_devices(stats)
-        else:
-            _, loss = sess.run([m["train_op"], m["loss"]], feed_dict=feed)
+        _, loss = loop.train_step(sess, progress, [m["train_op"], m["loss"]], feed)
         step += 1  # this process alone updates the variables
         progress.tick(step, float(loss))
     elapsed = progress.stop()
@@ -96,9 +95,3 @@ def _train_local(tf, dataset, args, info, env, count, devices):
     return progress.result(final[0], final[1], global_step=step, **model.extras(
         args, dataset, num_devices=count, tower_devices=m["tower_loss_devices"],
         session_devices=session_devices))
-
-
-def run(args, cluster=None, env=None):
-    """Train on this host's devices; the result dict. ARGS: cifar10's options; CLUSTER (None
-    outside a cluster) names the task in its metrics."""
-    return train_local(model.load(args), args, cluster, env)

@@ -17,16 +17,17 @@ import urllib.parse
 import urllib.request
 
 from tfcluster import datasources
-from tfcluster.catalog import trainers_dir
 from tfcluster.errors import TfclusterError, UsageError
 from tfcluster.runs import writable_dir
 
 SOURCES = ("url", "pypi", "apt")
 URL_TIMEOUT = datasources.MIRROR_TIMEOUT
+# The data sets' records, read on the controller alone (this command, the datasets role).
+MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "datasets.json")
 
 
 def manifest():
-    with open(os.path.join(trainers_dir(), "datasets.json")) as handle:
+    with open(MANIFEST) as handle:
         return json.load(handle)
 
 

@@ -10,11 +10,11 @@ from tfcluster import catalog, manage, runs
 from tfcluster.errors import UsageError
 from tfcluster.inventory import Machine, Slot
 from tfcluster.launcher import Launch, LaunchOptions
+from tfcluster.record import (FORMAT_VERSION, RecordError, RunRecord, RunState, TaskState,
+                              check_transition)
 from tfcluster.report import PlainReporter
 from tfcluster.spec import build_cluster
 from tfcluster_agent import protocol as P
-from tfcluster_agent.runmodel import (FORMAT_VERSION, RecordError, RunRecord, TaskState,
-                                      check_transition)
 
 # A record as the code before the run model wrote it (format 1: no "format", tasks by address).
 FORMAT_1 = {
@@ -41,6 +41,62 @@ def test_a_format_1_record_loads_and_saves_as_the_current_format(tmp_path):
     assert saved["format"] == FORMAT_VERSION
     assert RunRecord.from_json(saved, str(tmp_path)).to_json() == saved
 
+# A record as tfcluster wrote it before the run model moved to the controller (format 2).
+FORMAT_2 = {
+    "format": 2, "id": "r2", "example": "mnist_replica", "state": "stopped",
+    "created": "2026-11-25T10:00:00+00:00", "started": "2026-11-25T10:00:05+00:00",
+    "ended": "2026-11-25T10:01:00+00:00", "inventory": "inventory/local.yml",
+    "success_policy": "all_workers", "smoke": True, "user_args": ["--train_steps=10"],
+    "detach": False, "cluster": {"ps": ["localhost:2222"], "worker": ["localhost:2223"]},
+    "cluster_spec": "ps|localhost:2222,worker|localhost:2223", "code_hash": "ab" * 32,
+    "machines": [{"address": "localhost", "connection": "local", "ssh_port": 22, "user": None,
+                  "root": "/opt/t", "tf_version": "2.21.0", "hostname": "h", "cpus": 2,
+                  "gpus": []}],
+    "tasks": {label: {"job": job, "index": 0, "slot": slot, "port": port,
+                      "machine": ["local", "localhost", 22, None], "host": "localhost",
+                      "address": "localhost:%d" % port, "name": label.replace(":", "-"),
+                      "command": "python -m trainers.mnist_replica", "env_names": ["TF_CONFIG"],
+                      "intra_op_threads": 1, "state": state, "exit": code, "pid": 40 + port % 10,
+                      "restarts": 0, "log": "%s.log" % label.replace(":", "-"),
+                      "first_step_s": 1.5}
+              for label, job, slot, port, state, code in (
+                  ("worker:0", "worker", "w0", 2223, "succeeded", 0),
+                  ("ps:0", "ps", "p0", 2222, "stopped", 143))},
+    "results": {"worker:0": {"loss": 0.3, "accuracy": 0.9}},
+    "restart_log": [{"task": "worker:0", "why": "exit 1", "scope": "task",
+                     "time": "2026-11-25T10:00:30+00:00"}],
+    "leftovers": [], "collection_problems": [], "exit_code": 0,
+}
+
+
+def test_a_format_2_record_loads_as_it_was_written(tmp_path):
+    (tmp_path / "r2").mkdir()
+    (tmp_path / "r2" / "run.json").write_text(json.dumps(FORMAT_2))
+    record = runs.load(str(tmp_path), "r2")
+    assert record.state is RunState.STOPPED and not record.active
+    assert record.tasks["ps:0"].state is TaskState.STOPPED and record.tasks["ps:0"].exit == 143
+    assert record.restart_log[0].why == "exit 1" and record.machines[0].facts["cpus"] == 2
+    assert record.to_json() == FORMAT_2
+
+
+def test_the_run_state_changes_only_as_its_transitions_allow():
+    record = RunRecord(id="r")
+    assert record.state is RunState.STARTING and record.active
+    record.become("waiting")
+    with pytest.raises(ValueError, match="run r cannot go from waiting to running"):
+        record.become(RunState.RUNNING)  # a run that waited starts its tasks first
+    record.become(RunState.STARTING)
+    record.become(RunState.STARTING)  # no change
+    record.become(RunState.RUNNING)
+    assert record.state is RunState.RUNNING
+    with pytest.raises(ValueError, match="run r cannot go from running to waiting"):
+        record.become(RunState.WAITING)
+    record.become(RunState.TIMED_OUT)
+    assert not record.active and record.to_json()["state"] == "timed_out"
+    for later in (RunState.RUNNING, RunState.SUCCEEDED, "waiting"):
+        with pytest.raises(ValueError, match="cannot go from timed_out"):
+            record.become(later)
+
 
 def test_a_format_1_record_with_two_machines_on_one_address_fails_in_one_line(tmp_path, capsys):
     data = json.loads(json.dumps(FORMAT_1))
@@ -57,6 +113,7 @@ def test_a_format_1_record_with_two_machines_on_one_address_fails_in_one_line(tm
     ([], "not a JSON object"),
     ({"id": "x", "format": 99}, "newer than this tfcluster reads"),
     ({"id": "x", "machines": {}}, "bad machines"),
+    ({"id": "x", "state": "paused"}, "unknown run state 'paused'"),
     ({"id": "x", "tasks": {"worker:0": {"job": "worker"}}}, "task worker:0 incomplete"),
     ({"id": "x", "tasks": {"worker:0": {"job": "worker", "index": 0, "slot": "s", "port": 1,
                                         "machine": ["ssh", "h", 22, None]}}},

@@ -121,6 +121,11 @@ def load_images(name, data_dir, flat=True):
     raise SystemExit("unknown --dataset %r: choose mnist, fashion_mnist or digits" % name)
 
 
+def load_from_flags(args, flat=True):
+    """The MNIST-shaped data set that --dataset and --data_dir name (bootstrap.add_mnist_flags)."""
+    return load_images(args.dataset, args.data_dir, flat)
+
+
 # ---------------------------------------------------------------- CIFAR-10 (binary batches)
 
 CIFAR_SIDE, CIFAR_CHANNELS = 32, 3

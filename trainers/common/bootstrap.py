@@ -1,11 +1,13 @@
-"""What every trainer shares: the cluster, flags, seeds, the entry point and the result line.
-Servers, sessions and checkpoints are sessions.py; the training loop itself (clock, metrics,
+"""What every trainer shares: the cluster, flags, seeds, and the entry point (`entry`: the one
+place that reads the command line and the environment, and prints the result line). Servers,
+sessions and checkpoints are sessions.py; the training loop itself (clock, metrics,
 TensorBoard, result schema) is loop.py.
 
 Host side: imports TensorFlow, numpy and the standard library only, never tfcluster.
 """
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -14,7 +16,6 @@ import time
 
 from tfcluster_agent import clusterspec, protocol
 
-RESULT_PREFIX = protocol.RESULT_PREFIX
 DEFAULT_SEED = 0
 
 
@@ -34,9 +35,9 @@ class TaskEnv:
                    inter_op_threads=int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0))
 
 
-class ClusterInfo:
-    """This task's place in the cluster: {job: [host:port]}, its job name and index, and its
-    environment (a TaskEnv).
+class ClusterInfo(protocol.TaskNames):
+    """This task's place in the cluster: {job: [host:port]}, its job name and index, its label
+    (worker:0) and file name (worker-0), and its environment (a TaskEnv).
 
     IN_PROCESS: no server; every job's devices are this process's (a local session, soft
     placement), so a between-graph program runs as one task in a test."""
@@ -73,15 +74,6 @@ class ClusterInfo:
             return "%s/device:GPU:%d" % (self.device, self.index % num_gpus)
         return "%s/cpu:0" % self.device
 
-    @property
-    def label(self):
-        return protocol.task_label(self.job, self.index)
-
-    @property
-    def name(self):
-        """worker-0: the task's name in file names (its log, its TensorBoard folder)."""
-        return protocol.task_file_name(self.job, self.index)
-
     def cluster_spec(self):
         import tensorflow as tf
         return tf.train.ClusterSpec(self.jobs)
@@ -108,11 +100,6 @@ def parse_dist_test_spec(text):
         raise SystemExit("--cluster_spec: %s" % err) from None
 
 
-def has_cluster(args, environ):
-    """True when the command line or TF_CONFIG names a cluster."""
-    return bool(args.job_name or environ.get("TF_CONFIG"))
-
-
 def cluster_from_args(args, environ):
     """The cluster of the command line ARGS, else of ENVIRON's TF_CONFIG, with ENVIRON's TaskEnv:
     the one place a trainer reads its environment."""
@@ -125,6 +112,14 @@ def cluster_from_args(args, environ):
                     "worker": [h for h in args.worker_hosts.split(",") if h]}
         return ClusterInfo(jobs, args.job_name, args.task_index, env)
     return cluster_from_tf_config(environ)
+
+
+def cluster_if_given(args, environ):
+    """The cluster the command line or TF_CONFIG names; None when neither does (a program that
+    can run alone, outside any cluster)."""
+    if args.job_name or environ.get("TF_CONFIG"):
+        return cluster_from_args(args, environ)
+    return None
 
 
 def cluster_from_tf_config(environ):
@@ -154,6 +149,14 @@ def options(parser, given):
     values.update(given)
     cls = dataclasses.make_dataclass("Options", sorted(values), frozen=True)
     return cls(**values)
+
+
+def choose(what, value, allowed):
+    """VALUE when ALLOWED has it; else the program ends in one line naming WHAT (a flag) and the
+    values allowed."""
+    if value not in allowed:
+        raise SystemExit("unknown %s %r: choose one of %s" % (what, value, ", ".join(allowed)))
+    return value
 
 
 def add_mnist_flags(parser):
@@ -191,17 +194,13 @@ def add_checkpoint_flags(parser, default_dir=""):
     return parser
 
 
-def report(results):
-    """The one machine-readable line the launcher collects into run.json."""
-    protocol.report_result(results)
-
-
 def log(message):
     print(message, flush=True)
 
 
-def make_parser(description):
-    return argparse.ArgumentParser(description=description,
+def make_parser(description, prog=None):
+    """PROG: the program's name in usage lines (default: the file run, argv[0])."""
+    return argparse.ArgumentParser(prog=prog, description=description,
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
 
@@ -218,11 +217,6 @@ def trainer_parser(doc, mnist=True, checkpoints=True):
     return parser
 
 
-def quiet_tensorflow():
-    """TensorFlow's C++ INFO lines drown the training output; warnings still show."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
-
 class Timer:
     def __init__(self):
         self.start = time.monotonic()
@@ -230,6 +224,13 @@ class Timer:
     @property
     def seconds(self):
         return time.monotonic() - self.start
+
+
+# ---------------------------------------------------------------- the entry point
+
+def quiet_tensorflow():
+    """TensorFlow's C++ INFO lines drown the training output; warnings still show."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
 def main_guard(main):
@@ -249,8 +250,38 @@ def graph_mode():
     tf.compat.v1.disable_eager_execution()
 
 
-def report_and_exit(result):
-    """An entry point's end: the result line of a task that trained (a ps has none), exit 0."""
+def ensure_inter_op_threads(environ, minimum):
+    """At least MINIMUM inter-op threads in ENVIRON, before TensorFlow starts (it reads
+    TF_NUM_INTEROP_THREADS then) and before the TaskEnv is read from it."""
+    current = int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0)
+    if current and current < minimum:
+        environ["TF_NUM_INTEROP_THREADS"] = str(minimum)
+
+
+def entry(build_parser, run, **how):
+    """A trainer's `if __name__ == "__main__":` line: main() on this process's command line and
+    environment, quietly; exits with its status. HOW: main()'s keywords."""
+    raise SystemExit(main_guard(functools.partial(main, build_parser, run, **how)))
+
+
+def main(build_parser, run, argv, environ, graph=False, find_cluster=cluster_from_args,
+         inter_op_threads=0):
+    """A trainer's command line ARGV and environment ENVIRON, read here only: the flags of
+    BUILD_PARSER(), the cluster FIND_CLUSTER(args, environ) (default: the flags', else
+    TF_CONFIG's; None: the program runs alone), graph mode when GRAPH (a bool, or a function of
+    the flags), at least INTER_OP_THREADS TensorFlow inter-op threads. Then RUN(args, cluster),
+    or alone RUN(args, None, env=the TaskEnv), and the result line of a task that trained (a ps
+    has none). Returns the exit status, 0."""
+    args = build_parser().parse_args(argv)
+    if inter_op_threads:
+        ensure_inter_op_threads(environ, inter_op_threads)
+    cluster = find_cluster(args, environ)
+    if graph(args) if callable(graph) else graph:
+        graph_mode()
+    if cluster is None:
+        result = run(args, None, env=TaskEnv.from_environ(environ))
+    else:
+        result = run(args, cluster)
     if result is not None:
-        report(result)
+        protocol.report_result(result)  # the one line the launcher collects into run.json
     return 0

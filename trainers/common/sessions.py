@@ -3,7 +3,7 @@ its session (between-graph replication with device filters, or in-process withou
 the start barrier, and checkpoints. Host side: TensorFlow and the standard library only."""
 import os
 
-from trainers import bootstrap
+from trainers.common import bootstrap
 
 # The shared variable every task increments at the start barrier.
 BARRIER = "tfcluster_start_barrier"
@@ -53,28 +53,29 @@ class ExistingServer:
         self.target = "grpc://" + info.jobs[info.job][info.index]
 
 
-def run_between_graph(info, load_dataset, train, existing_servers=False, seed=bootstrap.DEFAULT_SEED):
+def run_between_graph(info, args, load_dataset, train, dataset=None, existing_servers=False):
     """The classic replica program: a ps serves until stopped (None); a worker trains and
     returns its results dict.
 
-    LOAD_DATASET() runs on workers only, before the server starts; TRAIN(info, server, dataset)
-    returns the results dict. With EXISTING_SERVERS the workers use servers started apart.
-    The graph (a new one: runs in one process do not share it) is seeded with SEED before TRAIN
-    builds it."""
+    A worker trains on DATASET, else on LOAD_DATASET(ARGS) (loaded on workers only, before the
+    server starts): TRAIN(info, server, dataset, ARGS) returns the results dict. With
+    EXISTING_SERVERS the workers use servers started apart. The graph (a new one: runs in one
+    process do not share it) is seeded with --seed before TRAIN builds it."""
     if info.job not in ("ps", "worker"):
         raise SystemExit("--job_name must be ps or worker, not %r" % info.job)
     if existing_servers and info.job == "ps":
         raise SystemExit("with --existing_servers only workers run this program; "
                          "start the ps servers with `python -m trainers.grpc_server`")
-    dataset = load_dataset() if info.job == "worker" else None
+    if info.job == "worker" and dataset is None:
+        dataset = load_dataset(args)
     import tensorflow as tf
     with tf.Graph().as_default():
-        bootstrap.seed_everything(seed)
+        bootstrap.seed_everything(args.seed)
         server = ExistingServer(info) if existing_servers else start_server(info)
         if info.job == "ps":
             serve_forever(server, info)
             return None
-        return train(info, server, dataset)
+        return train(info, server, dataset, args)
 
 
 def session_manager(ready_op=None, local_init_op=None, ready_for_local_init_op=None):
@@ -152,10 +153,28 @@ def start_barrier(sess, info, timeout_s=600):
         return  # a restarted worker rejoins a job under way: nobody waits for it any more
     sess.run(ops[0])
     try:
-        sess.run(ops[1], options=tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_s * 1000)))
+        sess.run(ops[1], options=timeout(timeout_s))
     except tf.errors.DeadlineExceededError:
         raise SystemExit("%s: the other workers did not start within %ds"
                          % (info.label, timeout_s))
+
+
+def timeout(seconds):
+    """RunOptions that give a sess.run up after SECONDS (DeadlineExceededError)."""
+    import tensorflow as tf
+    return tf.compat.v1.RunOptions(timeout_in_ms=int(seconds * 1000))
+
+
+def finished_within(sess, fetches, seconds, warning):
+    """Run FETCHES (a wait for the other tasks) for at most SECONDS: True when it finished,
+    else False, with WARNING logged."""
+    import tensorflow as tf
+    try:
+        sess.run(fetches, options=timeout(seconds))
+        return True
+    except tf.errors.DeadlineExceededError:
+        bootstrap.log("WARNING: " + warning)
+        return False
 
 
 def save_checkpoint(sess, saver, checkpoint_dir, global_step):

@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 
-from trainers import data
+from trainers.common import data, loop
 
 
 def add_model_flags(parser):
@@ -26,7 +26,7 @@ def add_model_flags(parser):
 
 # ---------------------------------------------------------------- inputs
 
-def load(args):
+def load_dataset(args):
     """The dataset --dataset names: CIFAR-10's binary batches in --data_dir, or synthetic."""
     return data.load_cifar(args.dataset, args.data_dir)
 
@@ -49,14 +49,14 @@ def crop(images, size, rng=None):
     return out
 
 
-def training_batches(dataset, args, seed):
+def build_inputs(dataset, args, seed):
     """Endless cropped, flipped, shuffled batches; the same SEED gives the same stream."""
     rng = np.random.default_rng(seed + 1000)
     for images, labels in data.batches(dataset.train_x, dataset.train_y, args.batch_size, seed):
         yield crop(images, args.image_size, rng), labels
 
 
-def inputs(tf, args, name):
+def placeholders(tf, args, name):
     v1 = tf.compat.v1
     images = v1.placeholder(tf.uint8, [None, args.image_size, args.image_size, 3],
                             name=name + "_images")
@@ -123,25 +123,19 @@ def loss_and_accuracy(tf, logits, labels):
 
 
 def build_eval(tf, args, params):
-    """(images, labels, loss, accuracy) of the model with PARAMS on a held-out batch."""
-    images, labels = inputs(tf, args, "eval")
+    """The model with PARAMS on held-out images: {"x": images, "y": labels, "loss", "accuracy"}."""
+    images, labels = placeholders(tf, args, "eval")
     loss, accuracy = loss_and_accuracy(tf, inference(tf, images, params), labels)
-    return images, labels, loss, accuracy
+    return {"x": images, "y": labels, "loss": loss, "accuracy": accuracy}
 
 
 def evaluate(sess, model_eval, dataset, args, batch=500):
-    """(loss, accuracy) on the first --eval_examples test images, centre-cropped."""
-    images, labels, loss, accuracy = model_eval
+    """(loss, accuracy) of MODEL_EVAL (build_eval's) on the first --eval_examples test images,
+    centre-cropped."""
     count = args.eval_examples or len(dataset.test_y)
-    test_x, test_y = dataset.test_x[:count], dataset.test_y[:count]
-    loss_sum = correct = 0.0
-    for start in range(0, len(test_y), batch):
-        x = crop(test_x[start:start + batch], args.image_size)
-        y = test_y[start:start + batch]
-        batch_loss, batch_acc = sess.run([loss, accuracy], feed_dict={images: x, labels: y})
-        loss_sum += batch_loss * len(y)
-        correct += batch_acc * len(y)
-    return float(loss_sum / len(test_y)), float(correct / len(test_y))
+    return loop.evaluate(sess, model_eval, dataset.test_x[:count], dataset.test_y[:count],
+                         lambda b: {model_eval["x"]: crop(b[0], args.image_size),
+                                    model_eval["y"]: b[1]}, batch)
 
 
 

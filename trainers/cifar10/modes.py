@@ -15,7 +15,7 @@ gradients and what the reply carries:
                them
   multi_ps     like hogwild, but every variable is partitioned across 2+ ps tasks and the
                reply waits for this worker's update
-Every mode but sync divides the learning rate by workers + 1 (see cifar10.py).
+Every mode but sync divides the learning rate by workers + 1 (see __init__.py).
 
 Each step returns what it observed, so a test can check a mode by what happened:
   version      the global step read just after the parameters a reply carried: never older
@@ -30,7 +30,7 @@ local step, version and applied_to of every gradient it applied.
 """
 import threading
 
-from trainers import cifar10_model as model
+from trainers.cifar10 import model
 
 MODES = ("sync", "async", "async_stale", "hogwild", "multi_ps")
 COUNTERS = ("pushed", "applied", "done_workers")
@@ -59,7 +59,7 @@ def total(tf, tensors):
     return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64)) for t in tensors])
 
 
-def build(dataset, args, info, learning_rate):
+def build_model(dataset, args, info, learning_rate):
     """The between-graph model of one worker in ps mode ARGS.mode; a dict of ops and tensors."""
     import tensorflow as tf
     v1 = tf.compat.v1
@@ -83,10 +83,10 @@ def build(dataset, args, info, learning_rate):
         local = [v1.get_variable("local/" + s[0], s[1], initializer=v1.zeros_initializer(),
                                  trainable=False, collections=[v1.GraphKeys.LOCAL_VARIABLES])
                  for s in specs]
-        images, labels = model.inputs(tf, args, "train")
+        images, labels = model.placeholders(tf, args, "train")
         loss, _ = model.loss_and_accuracy(tf, model.inference(tf, images, local), labels)
         grads = tf.gradients(loss, local)
-        if args.clip_norm > 0:  # one stale gradient must not throw the model off (cifar10.py)
+        if args.clip_norm > 0:  # one stale gradient must not throw the model off (__init__.py)
             grads, _ = tf.clip_by_global_norm(grads, args.clip_norm)
         version_in = v1.placeholder(tf.int64, [], name="version_in")
         local_step_in = v1.placeholder(tf.int64, [], name="local_step_in")

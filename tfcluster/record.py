@@ -1,8 +1,7 @@
-"""The run model, shared by the controller and the host agent (standard library only).
-
-TaskSpec is what the agent needs to start a task; TaskState and TaskStatus are a task's life as
-the controller's monitor sees it; PreflightReport is a machine's answer to the preflight;
-RunRecord is runs/<run-id>/run.json, read and written only through to_json/from_json.
+"""The controller's run model: TaskState and TaskStatus are a task's life as the monitor sees it;
+PreflightReport is a machine's answer to the preflight; RunRecord is runs/<run-id>/run.json, read
+and written only through to_json/from_json. (What the agent starts, TaskSpec, is host code:
+tfcluster_agent/taskspec.py.)
 """
 import enum
 import os
@@ -15,7 +14,14 @@ class RecordError(ValueError):
     """A run.json this code cannot use; the message is one line saying why."""
 
 
-class TaskState(str, enum.Enum):
+class _Word(str, enum.Enum):
+    """A state, written in records and summaries as its value."""
+
+    def __str__(self):
+        return self.value
+
+
+class TaskState(_Word):
     PENDING = "pending"          # in the record, not started yet
     RUNNING = "running"
     RESTARTING = "restarting"    # started again by the restart policy, not confirmed yet
@@ -26,9 +32,6 @@ class TaskState(str, enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
-
-    def __str__(self):
-        return self.value
 
     @property
     def is_running(self):
@@ -77,31 +80,6 @@ class TaskStatus:
 
 
 @dataclass
-class TaskSpec:
-    """What the agent needs to start one task; ENV may hold secrets and never lands in a file."""
-    name: str
-    command: str                      # a shell command line
-    env: dict = field(default_factory=dict)
-    cwd: str | None = None
-    env_prepend: dict = field(default_factory=dict)
-    port: int | None = None
-    await_listening: bool = True      # report when the task listens on PORT
-    gpu_uuids: list = field(default_factory=list)  # GPUs whose claims its supervisor holds
-
-    def to_json(self):
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @classmethod
-    def from_json(cls, data):
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
-
-    def public_json(self):
-        """As records keep it: the variables' names, never their values."""
-        return dict({k: v for k, v in self.to_json().items() if k != "env"},
-                    env_names=sorted(self.env))
-
-
-@dataclass
 class PreflightReport:
     """A machine's preflight answer. A new fact is one field here (with a default)."""
     python_ok: bool = False
@@ -116,7 +94,8 @@ class PreflightReport:
     ports: dict = field(default_factory=dict)          # "port" -> free
     port_holders: dict = field(default_factory=dict)   # "port" -> the run that claimed it
     missing_data: dict = field(default_factory=dict)   # folder -> [missing files]
-    gpu_facts: dict = field(default_factory=dict)      # gpuinfo.host_gpus(): driver, gpus, error
+    # gpuinfo.host_gpus(): driver, gpus, error, warning, absent
+    gpu_facts: dict = field(default_factory=dict)
     workdir_id: str | None = None                      # shares.folder_id of the workdir
     fenced: bool | None = None                         # the firewall's ruleset is there
     reached: bool = True
@@ -230,8 +209,31 @@ class RestartEntry:
         return cls(**{f.name: data.get(f.name) for f in fields(cls)})
 
 
-# A run's states that are a run still going (waiting: `launch --wait` for its GPUs).
-ACTIVE_STATES = ("waiting", "starting", "running")
+class RunState(_Word):
+    """The run's own state; RunRecord.become is its one writer."""
+    STARTING = "starting"
+    WAITING = "waiting"          # `launch --wait`, for its GPUs: nothing started yet
+    RUNNING = "running"
+    # How it ended.
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"          # by `tfcluster stop` (or its waiting launcher died)
+    TIMED_OUT = "timed_out"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def is_active(self):
+        """A run still going."""
+        return self not in RUN_ENDINGS
+
+
+RUN_ENDINGS = frozenset((RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED,
+                         RunState.TIMED_OUT, RunState.INTERRUPTED))
+# A new run may wait for its GPUs first; any run still going may end; an ending is final.
+RUN_TRANSITIONS = {RunState.STARTING: RUN_ENDINGS | {RunState.WAITING, RunState.RUNNING},
+                   RunState.WAITING: RUN_ENDINGS | {RunState.STARTING},
+                   RunState.RUNNING: RUN_ENDINGS}
+RUN_TRANSITIONS.update({state: frozenset() for state in RUN_ENDINGS})
 
 
 @dataclass
@@ -239,7 +241,7 @@ class RunRecord:
     """runs/<run-id>/run.json."""
     id: str
     example: str | None = None
-    state: str = "starting"
+    state: RunState = RunState.STARTING
     created: str | None = None
     started: str | None = None
     ended: str | None = None
@@ -275,14 +277,23 @@ class RunRecord:
 
     @property
     def active(self):
-        return self.state in ACTIVE_STATES
+        return RunState(self.state).is_active
+
+    def become(self, state):
+        """The one writer of the run's state; ValueError for a change RUN_TRANSITIONS forbids
+        (staying in a state is no change)."""
+        state = RunState(state)
+        if state != self.state and state not in RUN_TRANSITIONS[self.state]:
+            raise ValueError("run %s cannot go from %s to %s" % (self.id, self.state, state))
+        self.state = state
 
     def machine(self, key):
         return next(m for m in self.machines if m.key == tuple(key))
 
     def to_json(self):
         data = {f.name: getattr(self, f.name) for f in fields(self) if not f.metadata.get("local")}
-        data.update(format=FORMAT_VERSION, machines=[m.to_json() for m in self.machines],
+        data.update(format=FORMAT_VERSION, state=RunState(self.state).value,
+                    machines=[m.to_json() for m in self.machines],
                     tasks={label: t.to_json() for label, t in self.tasks.items()},
                     restart_log=[vars(e) for e in self.restart_log])
         return {k: v for k, v in data.items() if v is not None or k == "exit_code"}
@@ -308,6 +319,10 @@ class RunRecord:
         keys = {m.key for m in machines}
         values = {f.name: data[f.name] for f in fields(cls)
                   if f.name in data and not f.metadata.get("local")}
+        try:
+            values["state"] = RunState(data.get("state") or "starting")
+        except (ValueError, TypeError):
+            raise RecordError("unknown run state %r" % data.get("state")) from None
         try:
             values.update(
                 runs_dir=runs_dir, claimed=True, machines=machines,

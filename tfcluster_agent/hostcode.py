@@ -1,0 +1,69 @@
+"""The host code and its identity, standard library only: which files are host code (read from
+hostcode.json, the one definition that tfcluster sync and the trainers role use too) and their
+content hash, which preflight compares with the controller's to find stale hosts."""
+import json
+import os
+import re
+
+DEFINITION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostcode.json")
+_DEFINED = []
+
+
+def definition():
+    """hostcode.json, {"packages": [...], "skip": pattern, ...}: read once per process."""
+    if not _DEFINED:
+        with open(DEFINITION) as handle:
+            _DEFINED.append(json.load(handle))
+    return _DEFINED[0]
+
+
+def packages():
+    """The packages every host gets, side by side in one code root (tfcluster_root on a host,
+    the checkout or site-packages on the controller)."""
+    return tuple(definition()["packages"])
+
+
+def skipped(relpath):
+    """True for a path (relative to the code root, "/"-separated) that is no host code."""
+    return re.search(definition()["skip"], relpath) is not None
+
+
+_SHA256 = []
+
+
+def sha256(data=b""):
+    """hashlib.sha256 without importing hashlib, which loads OpenSSL: 5 ms of every agent's
+    start, where one SSH session that starts Python costs about 60 ms."""
+    if not _SHA256:  # looked up once: a failed import is tried again at every call
+        try:
+            from _sha256 import sha256 as new  # Python 3.11
+        except ImportError:
+            try:
+                from _sha2 import sha256 as new  # 3.12 and later
+            except ImportError:
+                from hashlib import sha256 as new
+        _SHA256.append(new)
+    return _SHA256[0](data)
+
+
+def code_files(code_root):
+    """(relative path, path) of every host code file below CODE_ROOT, in order."""
+    found = []
+    for package in packages():
+        top = os.path.join(code_root, package)
+        for root, dirs, files in os.walk(top):
+            rel_root = package + root[len(top):].replace(os.sep, "/")
+            dirs[:] = sorted(d for d in dirs if not skipped(rel_root + "/" + d))
+            found += [(rel_root + "/" + name, os.path.join(root, name))
+                      for name in sorted(files) if not skipped(rel_root + "/" + name)]
+    return found
+
+
+def code_hash(code_root, files=None):
+    """Content hash of the host code below CODE_ROOT: each file's relative path and bytes
+    (FILES: code_files(CODE_ROOT), when already listed)."""
+    digest = sha256()
+    for rel, path in code_files(code_root) if files is None else files:
+        with open(path, "rb") as handle:
+            digest.update(rel.encode() + b"\0" + sha256(handle.read()).digest())
+    return digest.hexdigest()
