@@ -236,10 +236,10 @@ def test_sync_launch_status_logs_stop_check_and_gpus_as_the_user(lab):
     assert "all 3 host(s) ready" in lab.cli("check", "-i", lab.inventory, check=0).stdout
     inventory = lab_inventory(lab.testhosts, lab.work / "gpus.yml", lab.user,
                               tfcluster_nvidia_smi=os.path.join(code, "nvidia-smi"))
-    gpus = lab.cli("gpus", "-i", inventory, check=0)
+    gpus = lab.cli("gpus", "-i", inventory, check=1)  # the third host's nvidia-smi fails
     rows = sorted(line.split()[:3] for line in gpus.stdout.splitlines()[1:])
     assert rows == [[lab.testhosts.addr(first), "0", "NVIDIA"], [lab.testhosts.addr(first), "1", "NVIDIA"],
-                    [lab.testhosts.addr(second), "0", "NVIDIA"], [lab.testhosts.addr(third), "-", "no"]], \
+                    [lab.testhosts.addr(second), "0", "NVIDIA"], [lab.testhosts.addr(third), "-", "ERROR:"]], \
         gpus.stdout
     assert "FAILING: ECC errors: 3" in gpus.stdout
 
