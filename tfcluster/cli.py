@@ -185,10 +185,7 @@ def build_parser():
     p.add_argument("-l", "--limit", metavar="PATTERN")
     p.add_argument("-t", "--tags")
     p.add_argument("--skip-tags")
-    p.add_argument("--system", action="store_true",
-                   help="only the administrator's half, which needs root on the hosts (OS "
-                        "packages, the service group, the firewall, the NVIDIA driver); without "
-                        "it an ordinary user's deploy does their own half and root's does both")
+    p.add_argument("--system", action="store_true", help="only the administrator's half (root)")
     p.add_argument("-C", "--check", action="store_true", help="dry run")
     p.add_argument("-D", "--diff", action="store_true")
     p.add_argument("-v", "--verbose", action="count", default=0)
