@@ -95,7 +95,8 @@ def lab(testhosts, tmp_path_factory):
     whatever the root step put into this machine's /etc are gone again."""
     wheelhouse = ready_wheelhouse()
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
-    before = {"fence": os.path.exists(FENCE_FILE), "fact": os.path.exists(GPU_FACT)}
+    made = [FENCE_FILE, GPU_FACT, os.path.dirname(GPU_FACT), os.path.dirname(os.path.dirname(GPU_FACT))]
+    before = {path: os.path.exists(path) for path in made}
     for name, lookup in (("group", grp.getgrnam), ("user", pwd.getpwnam)):
         try:
             before[name] = lookup("tfcluster") is not None
@@ -109,9 +110,11 @@ def lab(testhosts, tmp_path_factory):
         lab.close()
         for name, _ in testhosts.hosts[:3]:  # the fence lives in each host's namespace
             netns_nft(testhosts, name, "delete", "table", "inet", "tfcluster")
-        for key, path in (("fence", FENCE_FILE), ("fact", GPU_FACT)):
-            if not before[key] and os.path.exists(path):
+        for path in made:  # files first, then the folders the GPU fact needed
+            if not before[path] and os.path.isfile(path):
                 os.unlink(path)
+            elif not before[path] and os.path.isdir(path) and not os.listdir(path):
+                os.rmdir(path)
         if not before["user"]:
             subprocess.run(["userdel", "tfcluster"], capture_output=True)
         if not before["group"]:
