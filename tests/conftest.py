@@ -13,6 +13,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
 sys.path.insert(0, TESTS)
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "scripts"))  # hostlib, the test hosts' library
 
 from tfcluster_agent.hostinfo import port_is_free as port_free  # noqa: E402,F401  (tests import it from here)
 

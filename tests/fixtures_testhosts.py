@@ -26,8 +26,6 @@ session hosts (if they are up) and brings them back afterwards.
 """
 
 import contextlib
-import importlib.machinery
-import importlib.util
 import os
 import subprocess
 import sys
@@ -37,23 +35,15 @@ from pathlib import Path
 import pytest
 
 from conftest import TESTHOSTS_LOCK, hold_lock
+from hostlib import labusers, netns, ssh
+from hostlib import testhosts as th
+from hostlib.common import find_tools, missing_tools_message
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 SCRIPT = REPO / "scripts" / "testhosts"
 SESSION_HOSTS = 3
 OUTSIDER_ADDR = "10.231.0.200"  # HostSet.outsider(): far above the hosts' 10.231.0.11..30
-
-
-def _load_script():
-    loader = importlib.machinery.SourceFileLoader("_testhosts_script", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("_testhosts_script", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-th = _load_script()  # the script itself, as a module (names, paths, helpers)
 
 # One session host set per process, even if this module gets imported twice
 # (e.g. as a plugin and by `from fixtures_testhosts import testhosts` in a
@@ -68,9 +58,9 @@ def skip_reason():
     """Why testhosts cannot run here, or None."""
     if os.geteuid() != 0:
         return "testhosts needs root (it creates network namespaces)"
-    found, missing = th.find_tools()
+    _, missing = find_tools(th.TOOLS)
     if missing:
-        return th.missing_tools_message(missing)
+        return missing_tools_message("testhosts", missing, th.TOOLS)
     if not Path("/usr/bin/python3").exists():
         return "testhosts hosts use /usr/bin/python3, which is missing"
     return None
@@ -83,10 +73,8 @@ def run_script(*args, timeout=120):
 
 
 def leftovers():
-    """Anything testhosts left on this machine (empty list == clean)."""
-    found, _ = th.find_tools()
-    th.TOOL.update(found)
-    return th.leftovers()
+    """Anything testhosts (or a test's lab users) left on this machine (empty list == clean)."""
+    return th.leftovers() + labusers.leftovers()
 
 
 # ---------------------------------------------------------------- session lock
@@ -106,10 +94,10 @@ class HostSet:
     def __init__(self, n):
         self.n = n
         self.inventory = th.INVENTORY
-        self.key = th.STATE / "id_ed25519"
-        self.known_hosts = th.STATE / "known_hosts"
+        self.key = th.CLIENT_KEY
+        self.known_hosts = th.KNOWN_HOSTS
         self.state_dir = th.STATE
-        self.hosts = [(th.host_name(i), th.host_addr(i)) for i in range(1, n + 1)]
+        self.hosts = [(th.Host(i).name, th.Host(i).addr) for i in range(1, n + 1)]
         self.is_up = False
 
     def up(self):
@@ -137,12 +125,8 @@ class HostSet:
         return dict(self.hosts)[host]
 
     def ssh_argv(self, host, command, known_hosts=None, connect_timeout=5):
-        return ["ssh", "-F", "/dev/null", "-i", str(self.key), "-o", "IdentitiesOnly=yes",
-                "-o", "BatchMode=yes",
-                "-o", f"UserKnownHostsFile={known_hosts or self.known_hosts}",
-                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"ConnectTimeout={connect_timeout}", "-o", "LogLevel=ERROR",
-                f"root@{self.addr(host)}", command]
+        return ssh.ssh_base(self.key, known_hosts or self.known_hosts, connect_timeout) + [
+            f"root@{self.addr(host)}", command]
 
     def ssh(self, host, command, timeout=30, **kw):
         return subprocess.run(self.ssh_argv(host, command, **kw), stdin=subprocess.DEVNULL,
@@ -161,27 +145,19 @@ class HostSet:
     def netns_argv(self, host):
         """argv prefix running a command in HOST's network namespace, without SSH."""
         i = host if isinstance(host, int) else [n for n, _ in self.hosts].index(host) + 1
-        return ["ip", "netns", "exec", th.ns_name(i)]
+        return ["ip", "netns", "exec", th.Host(i).ns]
 
     @contextlib.contextmanager
     def outsider(self):
         """A machine on the hosts' bridge that no inventory names: network namespace tfc-out at
         OUTSIDER_ADDR. Yields its `ip netns exec` argv prefix; removed on exit (and by `down`,
         which removes every tfc-* namespace, should the test process die)."""
-        th.TOOL.update(th.find_tools()[0])
         ns, veth = "tfc-out", "tfc-vout"
         try:
-            th.ip("netns", "add", ns)
-            th.ip("-n", ns, "link", "set", "lo", "up")
-            th.ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            th.ip("link", "set", veth, "master", th.BRIDGE)
-            th.ip("link", "set", veth, "up")
-            th.ip("-n", ns, "addr", "add", f"{OUTSIDER_ADDR}/24", "dev", "eth0")
-            th.ip("-n", ns, "link", "set", "eth0", "up")
+            netns.add_namespace(ns, veth, OUTSIDER_ADDR)
             yield ["ip", "netns", "exec", ns]
         finally:
-            th.ip("netns", "del", ns, check=False)
-            th.ip("link", "del", veth, check=False)  # gone with the namespace, unless that failed
+            netns.remove_namespace(ns, veth)
 
 
 @contextlib.contextmanager

@@ -30,26 +30,20 @@ REPO = os.path.dirname(TESTS)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from ansible_run import RECAP, Ansible, explain, task_status_runs, task_statuses, tiny_dataset  # noqa: E402
+from ansible_run import (RECAP, Ansible, ansible_tool, explain, task_status_runs,  # noqa: E402
+                         task_statuses, tiny_dataset)
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
 from conftest import (DOCKERHOSTS_LOCK, hold_lock, pid_alive, ready_wheelhouse, run_record,  # noqa: E402
                       tfcluster, wait_for)
+from hostlib import dockerhosts as dh  # noqa: E402
+from hostlib import engine as dockerd  # noqa: E402
+from hostlib import image  # noqa: E402
+from hostlib.common import proc_cmdline  # noqa: E402
+from hostlib.ssh import ssh_base  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "scripts", "dockerhosts")
 ROOT = "/opt/tfcluster"
 TF_VERSION = "2.21.0"
-
-
-def load_dockerhosts():
-    import importlib.machinery
-    import importlib.util
-    loader = importlib.machinery.SourceFileLoader("_dockerhosts_script", SCRIPT)
-    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(mod)
-    return mod
-
-
-dh = load_dockerhosts()
 
 
 def script(*args, timeout=900):
@@ -72,22 +66,35 @@ def firewall_and_sysctls():
 
 # ---------------------------------------------------------------- static (no root needed)
 
-def test_committed_inventory_is_what_up_3_writes():
-    with open(dh.INVENTORY) as handle:
-        assert handle.read() == dh.inventory_text(3)
+def inventory_vars(path):
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
-    im = InventoryManager(loader=DataLoader(), sources=[str(dh.INVENTORY)])
+    im = InventoryManager(loader=DataLoader(), sources=[str(path)])
     assert [h.name for h in im.groups["ps"].get_hosts()] == ["ps1"]
     assert [h.name for h in im.groups["worker"].get_hosts()] == ["worker1", "worker2"]
     for i, name in enumerate(("ps1", "worker1", "worker2"), start=1):
         host = im.get_host(name)
         assert host.vars["ansible_host"] == host.vars["tfcluster_address"] == dh.host_addr(i)
+    return im.groups["all"].get_vars()
+
+
+def test_committed_inventory_is_the_3_hosts_up_3_writes(tmp_path):
+    """The committed inventory (docker compose users, from the repository root) and what `up 3`
+    writes (absolute paths: any folder) name the same hosts and the same key files."""
+    with open(dh.INVENTORY) as handle:
+        assert handle.read() == dh.inventory_text(3, dh.committed_keys())
+    written = tmp_path / "compose.yml"
+    written.write_text(dh.inventory_text(3))
+    committed, absolute = inventory_vars(dh.INVENTORY), inventory_vars(written)
+    assert absolute["ansible_ssh_private_key_file"] == str(dh.KEY)
+    assert absolute["tfcluster_known_hosts"] == str(dh.KNOWN_HOSTS)
+    assert committed["ansible_ssh_private_key_file"] == "deploy/compose/keys/id_ed25519"
+    assert {k: v.replace(str(dh.REPO) + "/", "") for k, v in absolute.items()} == committed
     assert "accept-new" not in dh.inventory_text(3)
 
 
 def test_compose_file_describes_the_hosts_dockerhosts_starts():
-    with open(os.path.join(dh.COMPOSE_DIR, "docker-compose.yml")) as handle:
+    with open(os.path.join(image.COMPOSE_DIR, "docker-compose.yml")) as handle:
         doc = yaml.safe_load(handle)
     net = doc["networks"]["tfcluster"]
     assert net["internal"] is True
@@ -98,15 +105,15 @@ def test_compose_file_describes_the_hosts_dockerhosts_starts():
         svc = doc["services"][dh.host_name(i)]
         assert svc["hostname"] == dh.host_name(i)
         assert svc["networks"]["tfcluster"]["ipv4_address"] == dh.host_addr(i)
-        assert svc["image"] == dh.IMAGE and svc["build"] == "." and svc["init"] is True
+        assert svc["image"] == image.IMAGE and svc["build"] == "." and svc["init"] is True
         assert svc["volumes"] == ["./keys:/keys:ro"] and svc["cap_add"] == ["NET_ADMIN"]
         assert "ports" not in svc
-    dockerfile = open(os.path.join(dh.COMPOSE_DIR, "Dockerfile")).read()
+    dockerfile = open(os.path.join(image.COMPOSE_DIR, "Dockerfile")).read()
     assert "ARG BASE_IMAGE=debian:12" in dockerfile and "tfcluster-sshd" in dockerfile
     # The containers reach no mirror: the image holds every package deploy.yml's roles install.
     with open(os.path.join(REPO, "roles", "common", "defaults", "main.yml")) as handle:
         common = yaml.safe_load(handle)["common_packages"]
-    assert {"openssh-server", "nftables", *common} <= set(dh.PACKAGES)
+    assert {"openssh-server", "nftables", *common} <= set(image.packages())
 
 
 # ---------------------------------------------------------------- on containers
@@ -123,11 +130,10 @@ class Hosts:
 
     def __init__(self):
         self.before = {}
-        dh.th.TOOL.update(dh.th.find_tools()[0])  # ssh and friends, as the script's main finds them
 
     def ssh(self, name, command, timeout=60, stdin=subprocess.DEVNULL):
         i = self.names.index(name) + 1
-        return subprocess.run(dh.th.ssh_base(dh.KEY, dh.KNOWN_HOSTS)
+        return subprocess.run(ssh_base(dh.KEY, dh.KNOWN_HOSTS)
                               + ["root@" + dh.host_addr(i), command], stdin=stdin,
                               capture_output=True, text=True, timeout=timeout)
 
@@ -220,6 +226,17 @@ def deployed(dockerhosts, tmp_path_factory, request):
     finally:
         ansible.close()
         hosts.timings += ansible.timings
+
+
+@on_containers
+def test_the_inventory_up_writes_works_from_any_folder(dockerhosts, tmp_path):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_SSH_ARGS="-o ControlMaster=no")
+    r = subprocess.run([ansible_tool("ansible"), "all", "-i", str(dh.INVENTORY), "-m", "raw",
+                        "-a", "hostname"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in dockerhosts.names:
+        assert "%s | CHANGED | rc=0 >>\n%s" % (name, name) in r.stdout, r.stdout
 
 
 @on_containers
@@ -419,12 +436,9 @@ def test_the_installed_wheel_deploys_the_containers(deployed, tmp_path):
     hosts, ansible, _ = deployed
     wheel = build_wheel(str(tmp_path))
     python, _, work = install_wheel(wheel, str(tmp_path / "installed"))
-    # The user's folder: their inventory (keys by absolute path) and the wheelhouse.
-    keys = os.path.join(REPO, "deploy", "compose", "keys") + "/"
-    with open(dh.INVENTORY) as handle:
-        text = handle.read().replace("deploy/compose/keys/", keys)
-    with open(os.path.join(work, "hosts.yml"), "w") as handle:
-        handle.write(text)
+    # The user's folder: their inventory (the one `up` wrote: keys by absolute path) and the
+    # wheelhouse.
+    shutil.copy(dh.INVENTORY, os.path.join(work, "hosts.yml"))
     os.symlink(os.path.join(REPO, "wheelhouse"), os.path.join(work, "wheelhouse"))
     options = ["-i", "hosts.yml", "-e", "@" + ansible.extra_vars_file,
                "-e", "tensorflow_install_mode=offline"]
@@ -517,7 +531,7 @@ def test_teardown_leaves_the_containers_as_found(deployed):
 @on_containers
 def test_down_after_the_engine_died_leaves_nothing(dockerhosts):
     hosts = dockerhosts
-    state = json.load(open(dh.STATE_JSON))
+    state = dockerd.STATE_FILE.load()
     engine = state["engine_pid"]
     assert pid_alive(engine)
     # A crash: the engine dies, its containers run on (containerd shims).
@@ -529,8 +543,8 @@ def test_down_after_the_engine_died_leaves_nothing(dockerhosts):
     hosts.timings.append(("dockerhosts down (engine killed)", time.monotonic() - started))
     assert down.returncode == 0, down.stdout + down.stderr
     assert dh.leftovers() == []
-    assert not os.path.exists(dh.STATE) and not os.path.exists(dh.KNOWN_HOSTS)
-    assert not any(p.name.startswith(".build-") for p in dh.CACHE.iterdir())
+    assert not os.path.exists(dockerd.STATE) and not os.path.exists(dh.KNOWN_HOSTS)
+    assert not any(p.name.startswith(".build-") for p in image.CACHE.iterdir())
     assert not os.path.exists("/sys/class/net/" + dh.BRIDGE)
     # No route to the containers' subnet is left (a probe would leave this machine instead).
     routes = subprocess.run(["ip", "-o", "route", "show", "to", "match", dh.host_addr(1)],
@@ -538,7 +552,7 @@ def test_down_after_the_engine_died_leaves_nothing(dockerhosts):
     assert dh.BRIDGE not in routes and str(dh.SUBNET) not in routes, routes
     for pid in os.listdir("/proc"):
         if pid.isdigit():
-            cmd = dh.th.proc_cmdline(pid)
+            cmd = proc_cmdline(pid)
             assert ".work/dockerhosts" not in cmd, cmd
     assert firewall_and_sysctls() == hosts.found
     diff = subprocess.run(["git", "diff", "--quiet", "--", "inventory/compose.yml"], cwd=REPO)

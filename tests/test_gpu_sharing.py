@@ -17,6 +17,7 @@ import pytest
 
 from conftest import (REPO, free_port_block, local_inventory_text, processes_matching, run_record,
                       stop_leftovers, stopped_by_lease, tfcluster, wait_for)
+from other_users import readable_copy  # noqa: F401  (fixture, used by name)
 from tfcluster import gpus
 from tfcluster.inventory import Machine, Slot, load_slots
 from tfcluster.record import PreflightReport
@@ -547,11 +548,11 @@ class AgentAs:
     side of that user's launch. (That user cannot run this checkout's controller: its
     interpreter lives under /root. The agent is standard library only: /usr/bin/python3.)"""
 
-    def __init__(self, user, env):
+    def __init__(self, user, env, code):
         self.proc = subprocess.Popen(
             ["runuser", "-u", user, "--", "env", "PATH=/usr/bin:/bin"] +
             ["%s=%s" % item for item in env.items()] +
-            ["/usr/bin/python3", os.path.join(REPO, "tfcluster_agent", "agent.py"), "serve"],
+            ["/usr/bin/python3", os.path.join(code, "tfcluster_agent", "agent.py"), "serve"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
         assert self.answer("hello")
 
@@ -577,7 +578,7 @@ class AgentAs:
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_a_claim_holds_against_another_unix_user(tmp_path, monkeypatch):
+def test_a_claim_holds_against_another_unix_user(tmp_path, monkeypatch, readable_copy):
     """Root's run holds GPUs 0-1; another user's agent sees them held and is refused, naming
     the run and root; once the run ends that user claims them (root's lock files) and a GPU
     no one claimed before (its own file), which root can claim in turn."""
@@ -604,9 +605,12 @@ def test_a_claim_holds_against_another_unix_user(tmp_path, monkeypatch):
                        runs_dir, run_id="roots-run",
                        env={"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "forever"})
         wait_for(lambda: running(runs_dir, "roots-run"), 90, "root's run to run")
-        agent = AgentAs(user, fake.env())
-        report = agent.ask(P.Preflight(python="/usr/bin/python3", ports=[], code_dir=REPO,
-                                       nvidia_smi=FAKE_SMI))
+        # That user's own copy of the agent and of the fake nvidia-smi: it may not be able to
+        # enter the checkout (root's home is 0700).
+        code = readable_copy("tfcluster_agent", "tests/programs/nvidia-smi")
+        agent = AgentAs(user, fake.env(), code)
+        report = agent.ask(P.Preflight(python="/usr/bin/python3", ports=[], code_dir=code,
+                                       nvidia_smi=os.path.join(code, "tests/programs/nvidia-smi")))
         facts = report["gpu_facts"]["gpus"]
         assert [(g["claim"] or {}).get("user") for g in facts] == ["root", "root", None]
         machine = Machine(address="localhost", connection="local")

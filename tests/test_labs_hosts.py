@@ -22,9 +22,7 @@ import pytest
 from ansible_run import Ansible, task_status_runs
 from conftest import REPO, ready_wheelhouse, run_record, tfcluster, wait_for
 from fixtures_testhosts import HostSet, exclusive
-
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-from hostlib import labusers  # noqa: E402
+from hostlib import labusers
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

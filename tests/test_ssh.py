@@ -94,27 +94,41 @@ def test_unknown_host_key_is_refused(testhosts, tmp_path):
     assert "host key not trusted" in proc.stderr
 
 
+def processes_of_run(run_id):
+    """Pids whose environment names RUN_ID: a run's tasks and every child they started."""
+    marker = ("TFCLUSTER_RUN_ID=%s" % run_id).encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as handle:
+                if marker in handle.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 def test_detach_and_stop_over_ssh(testhosts, tmp_path):
     inventory = ssh_inventory(testhosts, tmp_path)
     runs_dir = str(tmp_path / "runs")
     # The controller's environment stays here; --env carries what the remote tasks need.
-    tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--detach", "--run-id", "remote",
+    run_id = "remote-%d" % os.getpid()  # unique on the machine: other sessions' tasks are not ours
+    tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--detach", "--run-id", run_id,
               "--env", "FAKE_WORKER_0=forever", "--env", "FAKE_WORKER_1=forever",
               runs_dir=runs_dir, check=0)
-    record = run_record(runs_dir, "remote")
+    record = run_record(runs_dir, run_id)
     hosts = {t["host"] for t in record["tasks"].values()}
     assert hosts == {address for _, address in testhosts.hosts[:3]}
-    status = tfcluster("status", "remote", runs_dir=runs_dir, check=0)
+    status = tfcluster("status", run_id, runs_dir=runs_dir, check=0)
     assert status.stdout.count("running") >= 3
-    tfcluster("stop", "remote", runs_dir=runs_dir, check=0)
-    record = run_record(runs_dir, "remote")
+    assert processes_of_run(run_id), "the check below could not see the run's tasks"
+    tfcluster("stop", run_id, runs_dir=runs_dir, check=0)
+    record = run_record(runs_dir, run_id)
     assert record["state"] == "stopped"
     for label in ("ps:0", "worker:0", "worker:1"):
-        assert os.path.getsize(os.path.join(runs_dir, "remote", label.replace(":", "-") + ".log"))
-    # The tasks ran inside the host namespaces, so check from there that they are gone.
-    for name, _ in testhosts.hosts[:3]:
-        left = testhosts.ssh(name, "pgrep -f [f]ake_task.py || true").stdout.strip()
-        assert not left, "%s still runs %s" % (name, left)
+        assert os.path.getsize(os.path.join(runs_dir, run_id, label.replace(":", "-") + ".log"))
+    # The hosts share this machine's processes: no process, children included, of this run is left.
+    assert not processes_of_run(run_id)
     assert_run_clean(record)
 
 

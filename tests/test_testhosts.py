@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -22,30 +21,17 @@ import pytest  # noqa: E402
 
 pytest.register_assert_rewrite("fixtures_testhosts")
 from fixtures_testhosts import (  # noqa: E402
-    HostSet, SCRIPT, exclusive, leftovers, run_script, skip_reason, th)
+    HostSet, SCRIPT, exclusive, leftovers, run_script, skip_reason)
+from hostlib import netns  # noqa: E402
+from other_users import readable_copy  # noqa: E402,F401  (fixture, used by name)
+from hostlib import testhosts as th  # noqa: E402
+from hostlib.common import find_tools, missing_tools_message, tcp_open, wait_until  # noqa: E402
 
 pytest_plugins = ["fixtures_testhosts"]  # provides the `testhosts` fixture
 
 pytestmark = pytest.mark.root  # most of it makes network namespaces; all of it is about them
 
 needs_hosts = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
-
-
-def wait_until(cond, timeout, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v or time.monotonic() >= deadline:
-            return v
-        time.sleep(interval)
-
-
-def tcp_open(addr, port=22, timeout=0.5):
-    try:
-        with socket.create_connection((addr, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def no_traceback(r):
@@ -64,21 +50,28 @@ def test_usage_errors_exit_2(args):
 
 
 def test_missing_tools_names_debian_packages(tmp_path):
-    found, missing = th.find_tools(search_path=str(tmp_path))
+    found, missing = find_tools(th.TOOLS, path=str(tmp_path))
     assert {"ip", "sshd"} <= set(missing)
-    msg = th.missing_tools_message(missing)
+    msg = missing_tools_message("testhosts", missing, th.TOOLS)
     assert "iproute2" in msg and "openssh-server" in msg and "\n" not in msg
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="needs root and setpriv to run as another user")
-def test_not_root_one_line_exit_2():
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
+                    or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root, setpriv and /usr/bin/python3 to run as another user")
+@pytest.mark.parametrize("tool, why", [("testhosts", "it creates network namespaces"),
+                                       ("dockerhosts", "it runs a Docker engine")])
+def test_not_root_one_line_exit_2(readable_copy, tool, why):
+    """An ordinary user runs the script from a checkout where it can read the scripts and
+    nothing else (state, inventory and compose folders closed): the one-line refusal."""
+    checkout = readable_copy("scripts/" + tool, "scripts/hostlib")
+    for closed in (".testhosts", ".work", "inventory", "deploy"):
+        os.mkdir(os.path.join(checkout, closed), 0o700)
     r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                        sys.executable, str(SCRIPT), "status"],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2
-    assert r.stderr.strip() == ("testhosts needs root (it creates network namespaces): "
-                                "run as root")
+                        "/usr/bin/python3", os.path.join(checkout, "scripts", tool), "status"],
+                       cwd="/", capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == f"{tool} needs root ({why}): run as root"
     no_traceback(r)
 
 
@@ -147,16 +140,16 @@ def test_down_after_crashed_up():
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             # crash it once at least one host namespace exists
-            assert wait_until(lambda: any(n.startswith("tfc-th") for n in th.list_netns())
+            assert wait_until(lambda: any(n.startswith("tfc-th") for n in netns.list_netns())
                               or proc.poll() is not None, 20, 0.01)
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             assert leftovers(), "the crash should have left something behind"
             # plus a stray process inside a namespace that is not sshd
-            ns = next(n for n in th.list_netns() if n.startswith("tfc-th"))
+            ns = next(n for n in netns.list_netns() if n.startswith("tfc-th"))
             stray = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "300"],
                                      start_new_session=True)
-            assert wait_until(lambda: stray.pid in th.netns_pids(ns), 30, 0.02)
+            assert wait_until(lambda: stray.pid in netns.netns_pids(ns), 30, 0.02)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -244,7 +237,7 @@ def test_link_down_makes_host_unreachable(testhosts):
     assert r.returncode == 0 and r.stdout.strip() == "th2", r.stderr
 
 
-def test_inventory_works_with_ansible(testhosts):
+def test_inventory_works_with_ansible(testhosts, tmp_path):
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     im = InventoryManager(loader=DataLoader(), sources=[str(testhosts.inventory)])
@@ -258,7 +251,8 @@ def test_inventory_works_with_ansible(testhosts):
                ANSIBLE_SSH_ARGS="-o ControlMaster=no")
     r = subprocess.run([str(ansible), "all", "-i", str(testhosts.inventory),
                         "-m", "command", "-a", "hostname"],
-                       capture_output=True, text=True, timeout=120, env=env)
+                       capture_output=True, text=True, timeout=120, env=env,
+                       cwd=tmp_path)  # from any folder: the key paths are absolute
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("th1", "th2", "th3"):
         assert f"{name} | CHANGED | rc=0 >>\n{name}" in r.stdout

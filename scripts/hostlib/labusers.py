@@ -19,25 +19,11 @@ root. Python 3 standard library only.
 """
 import os
 import pwd
-import signal
-import subprocess
-import time
+
+from .common import Fail, kill_and_wait, run
 
 PREFIX = "tfc-"
 COMMENT = "tfcluster test user"
-
-
-class Fail(Exception):
-    """A user-facing error: one line."""
-
-
-def run(argv):
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=60)
-    if proc.returncode != 0:
-        raise Fail("%s failed (%d): %s" % (" ".join(argv), proc.returncode,
-                                           (proc.stderr or proc.stdout).strip()))
-    return proc
 
 
 def entry(name):
@@ -56,10 +42,15 @@ def add(name, key):
     logs in to; its pwd entry. One left by a crashed run is removed first; any other user of
     that name is refused."""
     if not name.startswith(PREFIX):
-        raise Fail("test users are named %s*, not %s" % (PREFIX, name))
+        raise Fail(f"test users are named {PREFIX}*, not {name}", 2)
     found = entry(name)
     if found is not None and not ours(found):
-        raise Fail("user %s exists and is not a test user: refusing to touch it" % name)
+        raise Fail(f"user {name} exists and is not a test user: refusing to touch it", 2)
+    try:
+        with open(key) as handle:
+            public = handle.read()
+    except OSError:
+        raise Fail(f"no public key {key}: run `scripts/testhosts up N` first", 2) from None
     if found is not None:
         remove(name)
     run(["useradd", "--create-home", "--shell", "/bin/sh", "--password", "*",
@@ -68,8 +59,6 @@ def add(name, key):
     os.chmod(found.pw_dir, 0o700)  # whatever the machine's HOME_MODE: other users stay out
     ssh = os.path.join(found.pw_dir, ".ssh")
     os.mkdir(ssh, 0o700)
-    with open(key) as handle:
-        public = handle.read()
     authorized = os.path.join(ssh, "authorized_keys")
     with open(os.open(authorized, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
         handle.write(public)
@@ -90,24 +79,30 @@ def processes(uid):
     return pids
 
 
-def remove(name, timeout=10):
+def remove(name):
     """Remove the test user NAME, their processes and their home; nothing when there is none."""
     found = entry(name)
     if found is None:
         return
     if not ours(found):
-        raise Fail("user %s is not a test user: refusing to remove it" % name)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in processes(found.pw_uid):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout
-        while processes(found.pw_uid) and time.monotonic() < deadline:
-            time.sleep(0.05)  # a signalled process takes a moment to go
+        raise Fail(f"user {name} is not a test user: refusing to remove it", 2)
+    stuck = kill_and_wait(processes(found.pw_uid), 10.0)
+    if stuck:
+        raise Fail(f"processes of {name} did not exit: {stuck}")
     run(["userdel", "--remove", name])
 
 
 def leftovers():
-    return ["user %s" % p.pw_name for p in pwd.getpwall() if ours(p)]
+    return [f"user {p.pw_name}" for p in pwd.getpwall() if ours(p)]
+
+
+def command(action, name, key):
+    """`testhosts user add|remove NAME`: KEY is the client key of `up` (its .pub is added)."""
+    if action == "remove":
+        remove(name)
+        print(f"testhosts: user {name} removed, with their home and processes")
+        return 0
+    found = add(name, str(key) + ".pub")
+    print(f"testhosts: user {name} (uid {found.pw_uid}, no sudo), home {found.pw_dir} on every "
+          f"host; ssh -i {key} {name}@HOST")
+    return 0
