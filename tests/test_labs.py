@@ -101,6 +101,7 @@ def test_an_unfenced_ssh_host_is_named_once():
         "10.0.0.2: no firewall fences TensorFlow's port(s) 2222, 2223 here: anyone on its "
         "network can connect, and TensorFlow runs any graph it is sent; an administrator "
         "fences them with `tfcluster deploy --system` (README: Labs)"]
+    assert sharing.port_span([2224, 2222, 2223, 4000, 2230, 2231]) == "2222-2224, 2230, 2231, 4000"
     found[bare.key] = PreflightReport(fenced=None)  # tfcluster_fenced: fenced by other means
     assert sharing.unfenced_warnings(cluster, found) == []
 

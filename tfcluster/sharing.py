@@ -64,8 +64,15 @@ def launch_token(cluster):
 
 
 def port_span(ports):
-    ports = sorted(ports)
-    return ", ".join(map(str, ports)) if len(ports) < 4 else "%d-%d" % (ports[0], ports[-1])
+    """"2222-2224, 4000": runs of three or more consecutive ports as ranges."""
+    runs = []
+    for port in sorted(set(ports)):
+        if runs and port == runs[-1][-1] + 1:
+            runs[-1].append(port)
+        else:
+            runs.append([port])
+    return ", ".join("%d-%d" % (r[0], r[-1]) if len(r) > 2 else ", ".join(map(str, r))
+                     for r in runs)
 
 
 def unfenced_warnings(cluster, reports):
