@@ -72,6 +72,12 @@ class FakeLink:
             return P.Stopped(tasks=stopped, busy_ports=[], remaining=[])
         if isinstance(msg, P.Collect):
             return P.Collected(count=0)
+        if isinstance(msg, P.Listen):
+            return P.Report(report={"failed": {}})
+        if isinstance(msg, P.Reach):  # every peer is reached but those the report names
+            unreachable = self.report.get("unreachable", {})
+            return P.Report(report={"results": {key: unreachable.get(key, "reached")
+                                                for key, _, _ in msg.targets}})
         raise AssertionError("unexpected %r" % msg)
 
     def close(self, detach=False):

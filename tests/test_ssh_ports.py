@@ -94,10 +94,12 @@ def test_two_hosts_behind_one_address_on_two_ssh_ports(testhosts, tmp_path):
   children:
     worker:
       hosts:
-        {name1}: {{ansible_port: {port1}}}
-        {name2}: {{ansible_port: {port2}}}
+        {name1}: {{ansible_port: {port1}, tfcluster_address: {addr1}}}
+        {name2}: {{ansible_port: {port2}, tfcluster_address: {addr2}}}
 """.format(key=testhosts.key, known=known, repo=REPO, python=sys.executable, tmp=tmp_path.name,
-           name1=name1, name2=name2, port1=port1, port2=port2))
+           name1=name1, name2=name2, port1=port1, port2=port2, addr1=addr1, addr2=addr2))
+        # tfcluster_address: the tasks reach each other on the hosts' own addresses (127.0.0.1
+        # is each host itself; the preflight's reachability check refuses it).
         runs_dir = str(tmp_path / "runs")
         # Each task prints the addresses of the host it runs on, then sleeps.
         command = "hostname -I; sleep 300"

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from conftest import REPO, run_record, wait_for
 from test_cli import run_cli
+from test_causes import CREATE_SESSION
 from test_launcher_unit import FakeLink, cluster_of, run
 from test_report import make_task, render
 from tfcluster import diagnose
@@ -294,6 +295,32 @@ def test_on_stall_stop_ends_the_run_leading_with_the_cause(tmp_path, stalling):
     assert "stopped" in report  # the table comes after the cause
     stacks = os.path.join(tmp_path, "runs", "r", "stacks")
     assert sorted(os.listdir(stacks)) == ["worker-0.txt", "worker-1.txt"]
+
+
+class WaitingLink(StallingLink):
+    """worker-1 repeats TF1's CreateSession wait for ps:0 (its log grows, so its agent never
+    calls it quiet); from its host, ps:0's port times out."""
+
+    def send(self, msg):
+        if isinstance(msg, stall.WatchStalls):
+            self.emit(P.Output(name="worker-1", text=CREATE_SESSION + "\n"))
+        elif isinstance(msg, P.Reach):
+            self.emit(P.Probed(id=msg.id, results={"ps:0": "timed out"}))
+
+
+def test_a_task_repeating_the_createsession_wait_stalls_and_on_stall_stop_ends_the_run(
+        tmp_path, stalling, monkeypatch):
+    monkeypatch.setattr("test_launcher_unit.FakeLink", WaitingLink)
+    outcome, record, console, _ = run(tmp_path, cluster_of(ps=1, workers=2), {},
+                                      stall_after=0.5, on_stall="stop")
+    assert isinstance(outcome, RunStalled), console
+    cause = ("worker:1 waits in CreateSession for ps:0: ps:0 is running, but worker host "
+             "10.0.0.1 cannot reach ps:0 at 10.0.0.1:")
+    assert str(outcome).startswith(cause) and record["failure"] == str(outcome)
+    assert "tfcluster: worker:1 stalled for 0 s (it only repeats TensorFlow's CreateSession " \
+        "wait for ps:0)\n" in console
+    report = console[console.index("the run stalled"):]
+    assert report.index(cause) < report.index("TASK")
 
 
 def test_stall_after_0_watches_nothing(tmp_path, stalling):

@@ -8,7 +8,7 @@ import math
 import os
 import sys
 
-from tfcluster import __version__, stall
+from tfcluster import __version__, stall, stragglers
 from tfcluster.errors import TfclusterError, UsageError
 
 DEFAULT_INVENTORY = "inventory/local.yml"
@@ -166,6 +166,7 @@ def build_parser():
     p.add_argument("--grace", type=seconds, default=10.0)
     sub.add_parser("runs", help="list past and current runs")
     stall.add_cli(sub)  # launch --stall-after, --on-stall; stacks
+    stragglers.add_cli(sub)  # launch --straggler-after
 
     p = sub.add_parser("plot", help="draw loss and examples/s of runs into one PNG")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, overlaid")
@@ -253,7 +254,7 @@ def cmd_launch(args):
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
-        stall_after=args.stall_after, on_stall=args.on_stall)
+        stall_after=args.stall_after, on_stall=args.on_stall, straggler_after=args.straggler_after)
     if args.sync:
         from tfcluster import sync
         sync.sync(args.inventory)

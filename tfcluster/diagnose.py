@@ -100,7 +100,7 @@ def describe_end(code, ended_at):
     return ("exited %s" % code if code is not None else "ended without an exit status") + when
 
 
-def _names(labels):
+def joined_labels(labels):
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
@@ -127,7 +127,7 @@ def stall_cause(cluster, states, ended_at, stacks, stalled):
             (frames[t.label] and not in_tf[t.label]))]
         if culprits:
             return "%s wait%s in a collective for %s" % (
-                _names([t.label for t in waiters]), "s" if len(waiters) == 1 else "",
+                joined_labels([t.label for t in waiters]), "s" if len(waiters) == 1 else "",
                 ", and ".join(_culprit(t, states, ended_at, frames[t.label]) for t in culprits))
     parts = []
     for task in stuck:

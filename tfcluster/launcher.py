@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from tfcluster import gpuqueue, runs, sharing
+from tfcluster import gpuqueue, proxy, runs, sharing
 from tfcluster.catalog import check_templates
 from tfcluster.diagnose import collective_abort_cause
 from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
@@ -59,6 +59,7 @@ class LaunchOptions:
     share_busy_gpus: bool = False  # hand out GPUs other processes use, knowingly
     stall_after: float | None = None  # None: each machine's tfcluster_stall_after; 0: off
     on_stall: str = "report"       # or "stop" (tfcluster/stall.py)
+    straggler_after: float = 30.0  # seconds under half the peers' median rate: a straggler
 
 
 class Launch:
@@ -118,6 +119,9 @@ class Launch:
         specs = self.specs = task_specs(self.cluster, options, self.run_id,
                                         thread_plan(self.cluster, reports, options))
         gpuqueue.hand_claims(specs, self.cluster, reports)
+        proxies = proxy.exempt_cluster(specs, self.cluster, reports, options.env)
+        if proxies:
+            self.reporter.note(proxies)
         try:
             self._write_record(reports, specs)
         except OSError as err:
@@ -128,6 +132,7 @@ class Launch:
         self.metrics = MetricsStore(self.record.dir)
         self.monitor = Monitor(self.hosts, self.cluster, self.record.dir, self.reporter,
                                metrics=self.metrics)
+        self.monitor.causes.configure(reports, options.straggler_after)
         outcome = crash = None
         lost = set()
         try:
@@ -276,7 +281,8 @@ class Launch:
             stalled = self.stalls.check()
             if stalled is not None:
                 return stalled, []
-            failed = first_failure(cluster, monitor.states)
+            monitor.causes.tick()
+            failed = first_failure(cluster, monitor.states, monitor.causes.ends.order)
             if failed and self._restart(failed[0], failed[1]):
                 continue
             if failed:

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfcluster.metrics import MetricsStore
-from tfcluster.report import Reporter, is_metric, is_noise
+from tfcluster.report import NoiseFilter, Reporter, is_metric
 from tfcluster_agent.protocol import RESULT_PREFIX
 
 TAIL_LINES = 6
@@ -53,12 +53,14 @@ class _Row:
         self.exit = None
         self.restarts = 0
         self.last_line = None
+        self.straggler = False
 
 
 class LiveReporter(Reporter):
     def __init__(self, stream=None, verbose=False, console=None, live=True):
         self.console = console or Console(file=stream or sys.stdout)
         self.verbose = verbose
+        self._noise = NoiseFilter()
         self.metrics = MetricsStore()  # in memory: the launcher keeps the run's metrics.jsonl
         self.target = None
         self._rows = {}
@@ -104,7 +106,7 @@ class LiveReporter(Reporter):
         with self._lock:
             row.last_line = time.time()
             # Result lines are long JSON and the summary table shows them.
-            if self.verbose or not (is_noise(line) or is_metric(line)
+            if self.verbose or not (self._noise.hides(task.label, line) or is_metric(line)
                                     or line.startswith(RESULT_PREFIX)):
                 self._tail.append((task.label, line))
 
@@ -134,6 +136,11 @@ class LiveReporter(Reporter):
             if row.exit is None:
                 row.state = "stalled" if stalled else "running"
 
+    def task_straggling(self, task, straggling):
+        row = self._row(task)
+        with self._lock:
+            row.straggler = straggling
+
     def render(self):
         """The table, the cluster line and the log tail, as one rich renderable."""
         now = time.time()
@@ -158,7 +165,11 @@ class LiveReporter(Reporter):
                 if self.target:
                     step_text += " (%d%%)" % min(100, int(100 * step / self.target))
             state = row.state if row.exit is None else "%s %s" % (row.state, row.exit)
-            table.add_row(row.task.label, Text(state, style=STATE_STYLE.get(row.state, "")),
+            if row.straggler and row.exit is None:
+                state += ", straggler"
+            table.add_row(row.task.label, Text(state, style="bold yellow" if row.straggler and
+                                               row.exit is None else
+                                               STATE_STYLE.get(row.state, "")),
                           row.task.machine.address, step_text, _number(point.get("loss")),
                           _number(point.get("examples_per_s")),
                           # Silence matters while a task runs (a hang), not once it ended.

@@ -13,6 +13,7 @@ import time
 import types
 
 from tfcluster import runs
+from tfcluster.causes import Causes
 from tfcluster.hosts import CLOSED
 from tfcluster.record import RestartEntry, RunState, TaskState, TaskStatus, check_transition
 from tfcluster_agent import protocol as P
@@ -42,6 +43,7 @@ class Monitor:
         self.record_dir = record_dir  # where logs are written; None: nowhere
         self.write_error = None
         self._logs = {}
+        self.causes = Causes(self)  # why tasks wait or fail, named as it happens
         if record_dir:
             os.makedirs(record_dir, exist_ok=True)
 
@@ -68,12 +70,16 @@ class Monitor:
         if msg == CLOSED:
             self.closed_links.add(key)
             return
+        if isinstance(msg, P.Probed):
+            self.causes.probed(msg)
+            return
         task = self.by_name.get((key, getattr(msg, "name", None)))
         if task is None:
             return
         if isinstance(msg, P.Started):
             self._set(task, state=TaskState.RUNNING, alive=True, exit=None, pid=msg.pid)
             self.started_at[task.label] = msg.time
+            self.causes.started(task)
             self.reporter.task_started(task, msg.pid)
         elif isinstance(msg, P.Listening):
             self.listening.add(task.label)
@@ -82,6 +88,7 @@ class Monitor:
         elif isinstance(msg, P.Exited):
             self.ended_at[task.label] = time.time()
             state = self._set(task, alive=False, exit=msg.code, state=TaskState(msg.state))
+            self.causes.exited(task)
             self.reporter.task_exited(task, msg.code, str(task_state(task, state)))
         elif msg.kind in ("stalled", "resumed") and self.on_stall is not None:
             self.on_stall(task, msg)
@@ -166,6 +173,7 @@ class Monitor:
         for line in text.splitlines():
             self.tails[task.label].append(line)
             self.reporter.task_line(task, line)
+            self.causes.line(task, line)
             parsed = P.parse_line(line)
             if parsed is None:
                 continue
@@ -178,6 +186,7 @@ class Monitor:
                 self.first_step_s[task.label] = round(point["time"] - self.started_at[task.label], 3)
             if self.metrics is not None:
                 self.metrics.add(task, point)
+            self.causes.metric(task, point)
             self.reporter.task_metric(task, point)
 
     def close(self):
@@ -217,9 +226,10 @@ def policy_met(cluster, states, policy):
                for t in policy_tasks(cluster, policy))
 
 
-def first_failure(cluster, states):
-    """A tracked task that failed, or a ps that ended (workers would hang without it)."""
-    for task in cluster.tasks:
+def first_failure(cluster, states, order=None):
+    """A tracked task that failed, or a ps that ended (workers would hang without it); the one
+    that ended first when ORDER (label -> sort key, rootcause.EndOrder.order) is given."""
+    for task in sorted(cluster.tasks, key=lambda t: order(t.label)) if order else cluster.tasks:
         state = states.get(task.label)
         if not state or state.alive:
             continue

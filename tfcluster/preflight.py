@@ -2,7 +2,7 @@
 import functools
 import os
 
-from tfcluster import gpus
+from tfcluster import gpus, reach
 from tfcluster.catalog import code_root
 from tfcluster.errors import PreflightError, Problem
 from tfcluster.hosts import Hosts
@@ -85,6 +85,8 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
                             for m in machines if reports[m.key].tf_version)
         problems.append("TensorFlow versions differ (%s): deploy the same version everywhere"
                         % listing)
+    if not problems:  # every host is ready: can each reach the ports its tasks will dial?
+        problems += reach.check(hosts, cluster)
     return reports, problems
 
 

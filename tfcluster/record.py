@@ -96,6 +96,7 @@ class PreflightReport:
     missing_data: dict = field(default_factory=dict)   # folder -> [missing files]
     # gpuinfo.host_gpus(): driver, gpus, error, warning, absent
     gpu_facts: dict = field(default_factory=dict)
+    proxy_env: dict = field(default_factory=dict)      # hostinfo.proxy_facts(): names, no_proxy
     workdir_id: str | None = None                      # shares.folder_id of the workdir
     fenced: bool | None = None                         # the firewall's ruleset is there
     reached: bool = True

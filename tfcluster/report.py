@@ -44,6 +44,10 @@ NOISE = [re.compile(pattern) for pattern in (
     r"dataset\.cc.*will not be optimized because the dataset does not implement",
     r"OUT_OF_RANGE: End of sequence",
     r"Your input ran out of data; interrupting training",
+    # Every other INFO line of TensorFlow's C++ log (tasks run at TF_CPP_MIN_LOG_LEVEL=0), but
+    # the one that tells a task waits for a peer: tfcluster.causes names why.
+    r"^(I\d{4} \d\d:\d\d:\d+\.\d+ +\d+|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: I) "
+    r"\S+:\d+\] (?!CreateSession still waiting)",
     # Step statistics collected on a machine without a GPU.
     r"xplane_to_step_stats\.cc.*GPU trace was not collected",
     # Grappler's placement notes.
@@ -54,6 +58,27 @@ NOISE = [re.compile(pattern) for pattern in (
 
 def is_noise(line):
     return any(pattern.search(line) for pattern in NOISE)
+
+
+# A TensorFlow log message goes on over several lines, without the log prefix, when it prints
+# a protobuf as text (`SessionOptions: ...` then `device_count {`, `  key: "CPU"`, `}`...) or
+# a list of tasks (`Example stragglers:` then `/job:worker/replica:0/task:1`).
+CONTINUED = re.compile(r"^\s*(\w+ \{|\w+: .*|\}|/job:\S+|)$")
+
+
+class NoiseFilter:
+    """is_noise() per task, with memory: the lines that continue a hidden message are hidden
+    with it."""
+
+    def __init__(self):
+        self._continuing = set()  # labels of tasks whose last line was hidden noise
+
+    def hides(self, label, line):
+        if is_noise(line) or (label in self._continuing and CONTINUED.match(line)):
+            self._continuing.add(label)
+            return True
+        self._continuing.discard(label)
+        return False
 
 
 def is_metric(line):
@@ -109,6 +134,9 @@ class Reporter:
     def task_stalled(self, task, stalled):
         """TASK stalled (STALLED true) or goes on again; a note says so too."""
 
+    def task_straggling(self, task, straggling):
+        """TASK became a straggler (STRAGGLING true) or caught up; a note says so too."""
+
     def new_run(self):
         """Another run's tasks follow (--baseline runs two): forget the last one's."""
 
@@ -122,6 +150,7 @@ class PlainReporter(Reporter):
         self.prefix = prefix
         self.echo = echo
         self.verbose = verbose
+        self._noise = NoiseFilter()
         self._lock = threading.Lock()  # one whole line at a time from every thread
 
     def _write(self, text):
@@ -141,7 +170,7 @@ class PlainReporter(Reporter):
     def task_line(self, task, line):
         if not self.echo:
             return
-        if not self.verbose and (is_noise(line) or is_metric(line)):
+        if not self.verbose and (self._noise.hides(task.label, line) or is_metric(line)):
             return
         self._task_write(task, line)
 

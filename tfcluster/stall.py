@@ -13,6 +13,7 @@ from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut, UsageError
 
 DEFAULT_STALL_AFTER = 120.0
 TRAINING_JOBS = ("chief", "worker")
+WAITING = "CreateSession"  # in StallFollower.stalled: stalled by its repeated wait lines
 
 
 class RunStalled(RunFailed):
@@ -159,9 +160,33 @@ class StallFollower:
             if not self.stalled:
                 self.cause = None
 
+    def _waits(self):
+        """A TF1 task that prints nothing but `CreateSession still waiting` for stall_after is
+        stalled too: those lines keep its log growing, so its agent never calls it quiet."""
+        now = time.monotonic()
+        waiting = self.monitor.causes.waiting
+        for label, (since, peer) in waiting.items():
+            task = self.cluster.find(label)
+            if task.job in TRAINING_JOBS and self.stall_after[label] and \
+                    label not in self.stalled and now - since >= self.stall_after[label]:
+                self.stalled[label] = WAITING
+                self.reporter.note("%s stalled for %d s (it only repeats TensorFlow's "
+                                   "CreateSession wait for %s)" % (label, now - since, peer))
+                self.reporter.task_stalled(task, True)
+                if self.due is None:
+                    self.due = now + self.settle_seconds()
+        for label in [l for l, why in self.stalled.items() if why is WAITING and l not in waiting]:
+            self.stalled.pop(label)
+            self.reporter.note("%s is no longer stalled: it printed" % label)
+            self.reporter.task_stalled(self.cluster.find(label), False)
+            self.diagnosed.discard(label)
+            if not self.stalled:
+                self.cause = None
+
     def check(self):
         """Take the stacks and name the cause once the stalls settled; a RunStalled with
         --on-stall stop, else None."""
+        self._waits()
         if self.due is None or time.monotonic() < self.due:
             return None
         self.due = None
@@ -173,13 +198,23 @@ class StallFollower:
         stacks, problems = take_stacks(self.hosts, self.cluster, self.record.id, self.record.dir)
         print_stacks(self.reporter, self.cluster, self.record.dir, stacks, problems)
         from tfcluster.diagnose import stall_cause
-        cause = stall_cause(self.cluster, self.monitor.states, self.monitor.ended_at, stacks,
-                            stalled) or "%s stalled" % ", ".join(sorted(stalled))
+        waits = self._wait_causes(stalled)
+        cause = waits or stall_cause(self.cluster, self.monitor.states, self.monitor.ended_at,
+                                     stacks, stalled) or "%s stalled" % ", ".join(sorted(stalled))
         self.reporter.note(cause)
         self.cause = cause
         if self.on_stall == "stop":
             return RunStalled(cause)
         return None
+
+    def _wait_causes(self, stalled):
+        """The CreateSession findings (tfcluster/causes.py) of the STALLED tasks that only wait
+        for a peer, when every stalled task is one of them."""
+        causes = self.monitor.causes
+        if not stalled or any(self.stalled.get(label) is not WAITING for label in stalled):
+            return None
+        return "; ".join(causes.named_for.get(label) or "%s waits in CreateSession for %s" % (
+            label, causes.waiting[label][1]) for label in sorted(stalled))
 
     def explain(self, outcome):
         """OUTCOME, told the cause when the run is stopped (--timeout, Ctrl-C) while stalled."""

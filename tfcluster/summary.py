@@ -5,8 +5,11 @@ SUMMARY_KEYS = tuple(k for k in RESULT_KEYS if k != "initial_loss")
 TRAINING_JOBS = ("chief", "worker")
 
 
-def print_summary(reporter, cluster, record):
+def print_summary(reporter, cluster, record, causes=(), row_notes=None):
+    """CAUSES: lines naming why the run failed or lagged (tfcluster.causes); ROW_NOTES:
+    {label: a note at the end of its row} ("first failure", "after ps:0", "straggler")."""
     results = record.results
+    row_notes = row_notes or {}
     keys = [k for k in SUMMARY_KEYS if any(k in r for r in results.values())]
     reporter.out()
     reporter.out("%-12s %-18s %-11s %-5s" % ("TASK", "HOST", "STATE", "EXIT")
@@ -23,12 +26,16 @@ def print_summary(reporter, cluster, record):
                                 if result.get("devices") else "-")
         if entry.restarts:
             row += "  (restarted %d time(s))" % entry.restarts
+        if task.label in row_notes:
+            row += "  (%s)" % row_notes[task.label]
         reporter.out(row.rstrip())
     total = aggregate_examples_per_s(cluster, results)
     if total:
         reporter.out("cluster throughput: %s examples/s (sum over %d training task(s))"
                      % (_fmt(total), sum(1 for t in cluster.tasks if t.job in TRAINING_JOBS
                                          and results.get(t.label, {}).get("examples_per_s"))))
+    for line in causes:
+        reporter.out(line)
     reporter.out("run %s %s" % (record.id, record.state))
 
 

@@ -55,7 +55,10 @@ def task_specs(cluster, options, run_id, threads):
         env = {"TF_CONFIG": json.dumps(cluster.tf_config(task), separators=(",", ":")),
                "TF_NUM_INTRAOP_THREADS": str(intra), "TF_NUM_INTEROP_THREADS": str(inter),
                "OMP_NUM_THREADS": str(intra), "PYTHONUNBUFFERED": "1",
-               "TF_CPP_MIN_LOG_LEVEL": "1",
+               # TensorFlow's own default: its INFO lines reach the logs (`CreateSession still
+               # waiting for response from worker: ...` names a peer a task waits for); the
+               # console leaves them out (report.NOISE).
+               "TF_CPP_MIN_LOG_LEVEL": "0",
                "TFCLUSTER_RUN_ID": run_id, "TFCLUSTER_TASK": task.label,
                "TFCLUSTER_RUN_DIR": run_dir}
         env.update(gpus.task_env(task, cluster))

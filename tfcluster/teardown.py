@@ -72,6 +72,7 @@ def safe_join(folder, relative):
 def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by_user=False,
            lost=()):
     """Stop everything, collect, record the end, print the summary."""
+    monitor.causes.teardown_began()  # tasks that end from here on may be ours to stop
     with signals_deferred(reporter):
         leftovers = stop_tasks(hosts, cluster, grace, skip=lost)
         monitor.pump(0)
@@ -88,7 +89,7 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
             record.dir, err.strerror or err))
     if stall_cause(outcome):
         reporter.note("the run stalled: %s" % stall_cause(outcome))
-    print_summary(reporter, cluster, record)
+    print_summary(reporter, cluster, record, *monitor.causes.report())
     if isinstance(outcome, RunFailed) and outcome.task is not None:
         reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
         for line in monitor.tails[outcome.task.label]:

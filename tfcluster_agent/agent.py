@@ -26,6 +26,7 @@ if not sys.pycache_prefix:
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tfcluster_agent import protocol as P  # noqa: E402
 from tfcluster_agent import supervisor as S  # noqa: E402
+from tfcluster_agent.reach import ReachRequests  # noqa: E402
 
 
 def is_task_name(name):
@@ -51,7 +52,7 @@ class Task:
         self.exit_sent = False
 
 
-class Agent:
+class Agent(ReachRequests):
     def __init__(self, out=None):
         self.out = out or sys.stdout.buffer
         self.connected = True
@@ -107,6 +108,7 @@ class Agent:
 
     def on_preflight(self, msg):
         from tfcluster_agent.hostinfo import preflight_report
+        self.close_listeners()  # a preflight again (launch --wait): its ports are checked anew
         report = preflight_report(msg.python, msg.ports, msg.code_dir, msg.cache_dir or None,
                                   msg.datasets, msg.nvidia_smi,
                                   lambda: set(self.gpu_claims.held))
@@ -127,6 +129,7 @@ class Agent:
 
     def on_start(self, msg):
         from tfcluster_agent.taskspec import TaskSpec
+        self.close_listeners()
         specs = [TaskSpec.from_json(spec) for spec in msg.tasks]
         for spec in specs:
             if not is_task_name(spec.name):

@@ -249,4 +249,19 @@ def preflight_report(python, ports, code_dir, cache_dir=None, datasets=(), nvidi
         report["gpus"] = gpuinfo.smi_lines(report["gpu_facts"])
     missing = {folder: datafiles.missing_files(name, folder) for name, folder in datasets}
     report["missing_data"] = {folder: names for folder, names in missing.items() if names}
+    report["proxy_env"] = proxy_facts(os.environ)
     return report
+
+
+# Variables that send connections through a proxy (gRPC reads the lowercase http_proxy,
+# https_proxy and grpc_proxy; other tools any case), and the lists that exempt hosts from it.
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "grpc_proxy", "all_proxy")
+NO_PROXY_VARIABLES = ("no_grpc_proxy", "no_proxy")
+
+
+def proxy_facts(environ):
+    """The proxy variables' names in ENVIRON (their values may hold passwords: never sent) and
+    the exemption lists' values: {"proxies": [...], "no_grpc_proxy": ..., "no_proxy": ...}."""
+    facts = {"proxies": sorted(n for n in environ if n.lower() in PROXY_VARIABLES)}
+    facts.update((name, environ[name]) for name in NO_PROXY_VARIABLES if name in environ)
+    return facts

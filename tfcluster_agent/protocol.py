@@ -248,6 +248,25 @@ class Collect:
 
 
 @message
+class Listen:
+    """Listen on PORTS until the tasks start, for the reachability check (reach.py); answered
+    by a Report: {"failed": {port: why}}."""
+    kind = "listen"
+    ports: list
+
+
+@message
+class Reach:
+    """Connect to TARGETS ([key, host, port]) within TIMEOUT s. Answered by a Report
+    {"results": {key: "reached" | "refused" | "timed out" | another reason}}; with an ID (while
+    tasks run) by a Probed event carrying it, not a reply."""
+    kind = "reach"
+    targets: list
+    timeout: float = 5.0
+    id: str = ""
+
+
+@message
 class Ping:
     kind = "ping"
 
@@ -336,6 +355,13 @@ class File:
 class Collected:
     kind = "collected"
     count: int
+
+
+@message
+class Probed:
+    kind = "probed"
+    id: str
+    results: dict
 
 
 @message

@@ -1,0 +1,343 @@
+"""Why a run hangs or fails, in-process (the fast tier): the reachability check's two ends,
+proxy exemptions, the first failure first, TF1's CreateSession wait diagnosed, stragglers.
+Real launches of the same: test_causes_launch.py (local) and test_causes_hosts.py (test hosts)."""
+import io
+import queue
+import time
+
+from rich.console import Console
+
+from conftest import free_port_block
+from test_agent import agent  # noqa: F401  (the fixture, used by name)
+from test_launcher_unit import FakeHosts, FakeLink, cluster_of, run
+from tfcluster import proxy, reach, rootcause
+from tfcluster.errors import PreflightError, RunFailed
+from tfcluster.live import LiveReporter
+from tfcluster.monitor import Monitor, first_failure
+from tfcluster.record import PreflightReport, TaskState, TaskStatus
+from tfcluster.report import PlainReporter, is_noise
+from tfcluster.stragglers import StragglerWatch
+from tfcluster_agent import protocol as P
+from tfcluster_agent import reach as agent_reach
+from tfcluster_agent.hostinfo import proxy_facts
+
+CREATE_SESSION = ("I0000 00:00:1795692285.474252   15716 master.cc:278] CreateSession still "
+                  "waiting for response from worker: /job:ps/replica:0/task:0")
+
+
+# ------------------------------------------------------------------ reachability, agent side
+
+def test_listeners_are_reached_and_a_closed_port_is_refused():
+    port = free_port_block(2)
+    listeners = agent_reach.Listeners()
+    try:
+        assert listeners.listen([port]) == {}
+        assert "in use" in listeners.listen([port])[str(port)]  # one listener per port
+        found = agent_reach.probe([["open", "127.0.0.1", port], ["closed", "localhost", port + 1],
+                                   ["nowhere", "no-such-host.invalid", port]], timeout=2)
+    finally:
+        listeners.close()
+    assert found == {"open": "reached", "closed": "refused",
+                     "nowhere": "cannot resolve no-such-host.invalid"}
+    assert agent_reach.probe([["again", "127.0.0.1", port]], 2) == {"again": "refused"}
+
+
+def test_the_agent_listens_until_its_tasks_start_and_probes_in_the_background(agent, tmp_path):
+    port = free_port_block(2)
+    agent.send(P.Listen(ports=[port]))
+    assert agent.next(P.Report).report == {"failed": {}}
+    agent.send(P.Reach(targets=[["ps:0", "127.0.0.1", port], ["worker:1", "127.0.0.1", port + 1]],
+                       timeout=2))
+    assert agent.next(P.Report).report == {"results": {"ps:0": "reached", "worker:1": "refused"}}
+    agent.send(P.Reach(id="w>p", targets=[["ps:0", "127.0.0.1", port]], timeout=2))
+    assert agent.next(P.Probed) == P.Probed(id="w>p", results={"ps:0": "reached"})
+    # A start closes the listeners first: the task binds the port itself (the fixture stops it).
+    agent.send(P.Start(run_dir=str(tmp_path / "run"), tasks=[{
+        "name": "ps-0", "command": "python3 -c 'import socket,time; s=socket.create_server("
+        "(\"\", %d)); print(\"bound\", flush=True); time.sleep(60)'" % port, "port": port}]))
+    assert isinstance(agent.next((P.Accepted, P.Error)), P.Accepted)
+    assert isinstance(agent.next(P.Listening), P.Listening)
+    assert agent.next(P.Output, timeout=30).text == "bound\n"
+
+
+# ------------------------------------------------------------------ reachability, controller
+
+REPORT = {"python_ok": True, "tf_version": "2.21.0", "cpus": 2, "gpus": [], "code_hash": None}
+
+
+def test_unreachable_ports_refuse_the_launch_naming_both_ends():
+    cluster = cluster_of(ps=1, workers=2)
+    hosts = FakeHosts([m for m, _ in cluster.machines()], report=dict(
+        REPORT, unreachable={"ps:0": "timed out", "worker:1": "refused"}))
+    link = next(iter(hosts.links.values()))
+    calls, original = [], link.request
+    link.request = lambda msg, *a, **k: calls.append(msg.kind) or original(msg, *a, **k)
+    assert reach.check(hosts, cluster) == [
+        "worker host 10.0.0.1 cannot reach worker:1 at 10.0.0.1:2223: refused",
+        "worker host 10.0.0.1 cannot reach ps:0 at 10.0.0.1:2224: timed out"]
+    assert calls == ["listen", "reach"]
+
+
+def test_what_each_task_dials():
+    cluster = cluster_of(ps=2, workers=2, chief=1)
+    machine = cluster.tasks[0].machine
+    dialled = [(task.label, peer.label) for task, peer in reach.targets(cluster, machine)]
+    # Every peer once (by the first task of the machine that dials it); a ps dials nobody.
+    assert dialled == [("chief:0", "worker:0"), ("chief:0", "worker:1"), ("chief:0", "ps:0"),
+                       ("chief:0", "ps:1"), ("worker:0", "chief:0")]
+
+
+def test_the_launcher_refuses_before_anything_starts(tmp_path):
+    outcome, record, _, hosts = run(tmp_path, cluster_of(), {}, report=dict(
+        REPORT, unreachable={"ps:0": "timed out"}))
+    assert isinstance(outcome, PreflightError) and outcome.exit_code == 3
+    assert "worker host 10.0.0.1 cannot reach ps:0 at 10.0.0.1:2224: timed out" in str(outcome)
+    assert record is None and all(not link.specs for link in hosts.links.values())
+
+
+def test_an_older_agent_is_named_with_the_fix():
+    cluster = cluster_of(ps=1, workers=1)
+    hosts = FakeHosts([m for m, _ in cluster.machines()])
+    link = next(iter(hosts.links.values()))
+
+    def old(msg, *args, **kwargs):
+        from tfcluster.hosts import HostError
+        raise HostError(link.machine, "listen: not a tfcluster message: '{\"type\":\"listen\"}'")
+    link.request = old
+    assert reach.check(hosts, cluster) == [
+        "10.0.0.1: its tfcluster agent is older than this controller: run `tfcluster sync -i "
+        "INVENTORY` (or launch with --sync)"]
+
+
+# ------------------------------------------------------------------ proxies
+
+def reports_with(cluster, **facts):
+    return {m.key: PreflightReport(proxy_env=facts) for m, _ in cluster.machines()}
+
+
+def test_proxy_facts_keep_names_not_values():
+    facts = proxy_facts({"HTTPS_PROXY": "http://user:secret@proxy:3128", "all_proxy": "x",
+                         "no_proxy": "example.com", "PATH": "/bin"})
+    assert facts == {"proxies": ["HTTPS_PROXY", "all_proxy"], "no_proxy": "example.com"}
+
+
+def test_tasks_get_no_grpc_proxy_for_every_cluster_address():
+    cluster = cluster_of(ps=1, workers=2)
+    quiet = reports_with(cluster, proxies=[])
+    assert proxy.task_exemptions(cluster, quiet, {}) == ({}, "")
+    noisy = reports_with(cluster, proxies=["http_proxy"], no_proxy="example.com,10.0.0.1")
+    exemptions, note = proxy.task_exemptions(cluster, noisy, {"HTTPS_PROXY": "http://p:1"})
+    # gRPC read no_proxy before: its entries stay, the cluster's address comes first, once.
+    assert exemptions == {label: "10.0.0.1,example.com" for label in ("worker:0", "worker:1",
+                                                                      "ps:0")}
+    assert note == ("proxy variables set (http_proxy on 10.0.0.1; --env HTTPS_PROXY): tasks get "
+                    "no_grpc_proxy=10.0.0.1, so gRPC reaches the cluster directly; other traffic "
+                    "still uses the proxy")
+    # A no_grpc_proxy of the user's is what gRPC reads instead of no_proxy: it is kept.
+    exemptions, _ = proxy.task_exemptions(cluster, noisy, {"no_grpc_proxy": "svc.local"})
+    assert exemptions["ps:0"] == "10.0.0.1,svc.local"
+
+
+def test_a_launch_says_once_what_it_did_about_proxies(tmp_path):
+    report = dict(REPORT, proxy_env={"proxies": ["https_proxy"]})
+    outcome, record, console, hosts = run(tmp_path, cluster_of(), {"worker-0": [0],
+                                                                   "worker-1": [0]},
+                                          report=report)
+    assert outcome is None, console
+    assert console.count("proxy variables set (https_proxy on 10.0.0.1)") == 1
+    specs = {s["name"]: s["env"] for s in next(iter(hosts.links.values())).specs}
+    assert {env["no_grpc_proxy"] for env in specs.values()} == {"10.0.0.1"}
+    assert "no_grpc_proxy" in record["tasks"]["ps:0"]["env_names"]
+
+
+# ------------------------------------------------------------------ the first failure first
+
+def test_the_earliest_failure_is_named_first_and_the_others_follow_it(tmp_path, monkeypatch):
+    """The ps is killed, both workers fail a moment later, and the launcher sees all three in
+    one batch of events: the report blames the ps, not the first task in the list."""
+    held, real_emit = [], FakeLink.emit
+
+    def emit(link, msg):  # the workers' exits wait for the ps's
+        if isinstance(msg, P.Exited) and msg.name != "ps-0" and held[-1:] != [None]:
+            held.append(msg)
+            return
+        real_emit(link, msg)
+        if isinstance(msg, P.Exited) and msg.name == "ps-0":
+            for waiting in held:
+                real_emit(link, waiting)
+            held.append(None)
+    monkeypatch.setattr(FakeLink, "emit", emit)
+    outcome, record, console, hosts = run(
+        tmp_path, cluster_of(), {"ps-0": [137], "worker-0": [1], "worker-1": [1]})
+    assert isinstance(outcome, RunFailed)
+    assert str(outcome).startswith("ps:0 on 10.0.0.1 ended while the run was active (was killed "
+                                   "by SIGKILL)"), outcome
+    story = [line for line in console.splitlines() if "failed after" in line]
+    assert len(story) == 1 and story[0].startswith(
+        "worker:0 and worker:1 failed after ps:0 was killed by SIGKILL at "), console
+    rows = {line.split()[0]: line for line in console.splitlines() if line.startswith(
+        ("ps:0 ", "worker:0 ", "worker:1 "))}
+    assert rows["ps:0"].endswith("(first failure)") and rows["worker:1"].endswith("(after ps:0)")
+
+
+def test_tasks_the_teardown_stopped_are_not_failures():
+    cluster = cluster_of(ps=1, workers=2)
+    ends, states, ended_at = rootcause.EndOrder(), {}, {}
+    worker0, worker1, ps = cluster.tasks
+
+    def ended(task, code):
+        states[task.label] = TaskStatus(state=TaskState.EXITED, exit=code)
+        ended_at[task.label] = time.time()
+        ends.exited(task)
+    ended(worker1, 3)
+    ends.teardown_began()
+    ended(ps, 143)
+    ended(worker0, 143)
+    found = rootcause.failures(cluster, states, ended_at, ends)
+    assert [task.label for task, _, _ in found] == ["worker:1"]
+    assert rootcause.story(found) is None
+    assert first_failure(cluster, states, ends.order)[0] is worker1
+
+
+# ------------------------------------------------------------------ CreateSession waits
+
+class Hosts:
+    def __init__(self, cluster):
+        self.events = queue.Queue()
+        self.sent = []
+        link = type("Link", (), {"send": lambda _, msg: self.sent.append(msg)})()
+        self.links = {m.key: link for m, _ in cluster.machines()}
+
+
+def monitor_of(cluster):
+    console = io.StringIO()
+    monitor = Monitor(Hosts(cluster), cluster, None, PlainReporter(console, echo=False))
+    monitor.causes.configure({}, straggler_after=30)
+    key = cluster.tasks[0].machine.key
+    for task in cluster.tasks:
+        monitor.handle(key, P.Started(name=task.name, pid=1, time=time.time()))
+    return monitor, key, console
+
+
+def test_a_createsession_wait_for_a_dead_ps_names_how_it_ended():
+    cluster = cluster_of(ps=1, workers=1)
+    monitor, key, console = monitor_of(cluster)
+    monitor.handle(key, P.Exited(name="ps-0", code=1, state="exited"))
+    monitor.handle(key, P.Output(name="worker-0", text=CREATE_SESSION + "\n" + CREATE_SESSION
+                                 + "\n"))
+    line, = [l for l in console.getvalue().splitlines() if "CreateSession" in l]
+    assert line.startswith("tfcluster: worker:0 waits in CreateSession for ps:0, which is not "
+                           "running: it exited 1 at "), line
+    assert monitor.hosts.sent == []
+
+
+def test_a_createsession_wait_for_a_listening_ps_is_probed_from_the_waiting_host():
+    cluster = cluster_of(ps=1, workers=2)
+    monitor, key, console = monitor_of(cluster)
+    monitor.causes.proxies = {key: ["http_proxy"]}
+    monitor.handle(key, P.Listening(name="ps-0", port=2224))
+    for name in ("worker-0", "worker-1"):
+        monitor.handle(key, P.Output(name=name, text=CREATE_SESSION + "\n"))
+    first, second = monitor.hosts.sent
+    assert first == P.Reach(id="worker:0>ps:0", targets=[["ps:0", "10.0.0.1", 2224]], timeout=5.0)
+    monitor.handle(key, P.Output(name="worker-0", text=CREATE_SESSION + "\n"))
+    assert len(monitor.hosts.sent) == 2  # once per waiting task and peer
+    monitor.handle(key, P.Probed(id=first.id, results={"ps:0": "timed out"}))
+    monitor.handle(key, P.Probed(id=second.id, results={"ps:0": "reached"}))
+    notes = [l for l in console.getvalue().splitlines() if l.startswith("tfcluster:")]
+    assert notes == [
+        "tfcluster: worker:0 waits in CreateSession for ps:0: ps:0 is running, but worker host "
+        "10.0.0.1 cannot reach ps:0 at 10.0.0.1:2224: timed out",
+        "tfcluster: worker:1 waits in CreateSession for ps:0: ps:0 is running and worker host "
+        "10.0.0.1 reaches it at 10.0.0.1:2224, but it does not answer TensorFlow; 10.0.0.1 has "
+        "proxy variables (http_proxy): does the program send gRPC through a proxy?"]
+    lines, _ = monitor.causes.report()
+    assert lines == [n[len("tfcluster: "):] for n in notes]
+
+
+def test_a_peer_that_may_still_start_gets_patience():
+    cluster = cluster_of(ps=0, workers=2, chief=1)
+    monitor, key, _ = monitor_of(cluster)
+    waiting = CREATE_SESSION.replace("/job:ps/", "/job:worker/")
+    monitor.handle(key, P.Output(name="chief-0", text=waiting + "\n"))
+    assert monitor.hosts.sent == []  # worker:0 may still be importing TensorFlow
+    monitor.causes._waiting[("chief:0", "worker:0")] -= 20
+    monitor.handle(key, P.Output(name="chief-0", text=waiting + "\n"))
+    assert [m.targets for m in monitor.hosts.sent] == [[["worker:0", "10.0.0.1", 2223]]]
+
+
+def test_the_console_hides_tensorflows_info_lines_but_the_createsession_wait():
+    assert is_noise("I0000 00:00:1795692373.650872   20300 master.cc:243] Scanning workers for "
+                    "devices: 2 total workers")
+    assert is_noise("I0000 00:00:1795692374.602722   20376 profiler_session.cc:117] Profiler "
+                    "session initializing.")
+    assert not is_noise(CREATE_SESSION)
+    assert not is_noise("W0000 00:00:1795692285.474252   15716 master.cc:278] a warning")
+
+
+def test_a_hidden_message_of_several_lines_is_hidden_whole():
+    """At TF_CPP_MIN_LOG_LEVEL=0 some INFO messages print a protobuf over the next lines."""
+    stream = io.StringIO()
+    reporter = PlainReporter(stream)
+    task = cluster_of(ps=0, workers=1).tasks[0]
+    for line in ("I0000 00:00:1795697251.449152   27045 eager_service_impl.cc:355] "
+                 "SessionOptions: goo.gle/debugproto", "device_count {", '  key: "CPU"',
+                 "  value: 1", "}", "allow_soft_placement: true", "",
+                 "I0000 00:00:1795697322.902049   29952 coordination_service.cc:505] Example "
+                 "stragglers:", "/job:worker/replica:0/task:1", "worker:0 serving", "loss: 0.5"):
+        reporter.task_line(task, line)
+    assert stream.getvalue().splitlines() == ["[worker:0 10.0.0.1] worker:0 serving",
+                                              "[worker:0 10.0.0.1] loss: 0.5"]
+
+
+# ------------------------------------------------------------------ stragglers
+
+def feed(watch, tasks, rates, start, seconds, step=0.5):
+    """Points every STEP s from START for SECONDS, each task at its rate (None: silent)."""
+    now = start
+    while now < start + seconds:
+        now += step
+        for task in tasks:
+            if rates[task.label] is not None:
+                watch.metric(task, {"step": 1, "examples_per_s": rates[task.label]}, now)
+        watch.tick(now)
+    return now
+
+
+def test_a_worker_under_half_its_peers_median_for_long_enough_is_a_straggler():
+    cluster = cluster_of(ps=0, workers=3)
+    console = io.StringIO()
+    watch = StragglerWatch(PlainReporter(console), after=30.0)
+    for task in cluster.tasks:
+        watch.started(task)
+    rates = {"worker:0": 100.0, "worker:1": 90.0, "worker:2": 100.0}
+    now = feed(watch, cluster.tasks, rates, 1000.0, 20)
+    assert console.getvalue() == ""
+    rates["worker:1"] = 40.0  # under half of 100 from here on: marked 30 s later, not before
+    now = feed(watch, cluster.tasks, rates, now, 35)
+    assert console.getvalue() == ""
+    now = feed(watch, cluster.tasks, rates, now, 10)
+    assert console.getvalue().startswith(
+        "tfcluster: worker:1 is a straggler: 40 examples/s over the last 10s, under half its "
+        "peers' median (100) for 30s")
+    rates["worker:1"] = None  # stopped: it does nothing at all
+    now = feed(watch, cluster.tasks, rates, now, 10)
+    rates["worker:1"] = 100.0
+    now = feed(watch, cluster.tasks, rates, now, 15)
+    assert console.getvalue().endswith("tfcluster: worker:1 caught up with its peers\n")
+    line, = watch.summary(now)
+    assert line.startswith("straggler: worker:1 ran under half its peers' median rate for ")
+    assert line.endswith("(at worst 0% of it)")
+
+
+def test_the_live_view_marks_the_straggler_row():
+    cluster = cluster_of(ps=0, workers=2)
+    console = Console(file=io.StringIO(), width=140, color_system=None)
+    reporter = LiveReporter(console=console, live=False)
+    for task in cluster.tasks:
+        reporter.task_started(task, 1)
+    reporter.task_straggling(cluster.tasks[1], "worker:1 is a straggler: ...")
+    frame = Console(file=io.StringIO(), width=140, color_system=None)
+    frame.print(reporter.render())
+    rows = {line.split()[0]: line for line in frame.file.getvalue().splitlines() if line}
+    assert "running, straggler" in rows["worker:1"] and "straggler" not in rows["worker:0"]

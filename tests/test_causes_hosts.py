@@ -1,0 +1,90 @@
+"""A firewall between the test hosts, planted before a launch (the preflight refuses it, naming
+both ends) and in the middle of one (the workers' CreateSession wait is diagnosed from their
+hosts). th1 runs ps:0, th2 and th3 a worker each; the rules live in th1's network namespace:
+th2's connections to the ps port are dropped (a timeout), th3's rejected (refused)."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, assert_run_clean, run_record, tfcluster, wait_for
+from test_causes_launch import Launch
+from test_ssh import ssh_inventory
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+PEER = "python %s" % os.path.join(REPO, "tests", "programs", "peer_task.py")
+PS_PORT = 24000  # ssh_inventory's tfcluster_port_base: ps:0's port on th1
+TABLE = "tfc_causes_test"
+
+
+@pytest.fixture
+def ps_fence(testhosts):
+    """plant(): th1 drops th2's connections to the ps port and rejects th3's, until the test
+    ends. Returns (plant, the hosts' addresses)."""
+    (_, ps), (_, worker0), (_, worker1) = testhosts.hosts[:3]
+    rules = ("table inet %s {\n chain input {\n  type filter hook input priority -10;\n"
+             "  ip saddr %s tcp dport %d drop\n  ip saddr %s tcp dport %d reject with tcp reset\n"
+             " }\n}\n" % (TABLE, worker0, PS_PORT, worker1, PS_PORT))
+    nft = testhosts.netns_argv("th1") + ["nft"]
+
+    def plant():
+        subprocess.run(nft + ["-f", "-"], input=rules, text=True, check=True, timeout=30)
+    try:
+        yield plant, (ps, worker0, worker1)
+    finally:
+        subprocess.run(nft + ["delete", "table", "inet", TABLE], capture_output=True, timeout=30)
+
+
+def test_a_fenced_ps_port_is_refused_by_the_preflight_naming_both_ends(testhosts, tmp_path,
+                                                                        ps_fence):
+    plant, (ps, worker0, worker1) = ps_fence
+    plant()
+    started = time.monotonic()
+    proc = tfcluster("launch", "--cmd", PEER, "-i", ssh_inventory(testhosts, tmp_path),
+                     runs_dir=str(tmp_path / "runs"))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    error = proc.stderr.strip()
+    assert len(error.splitlines()) == 1 and "Traceback" not in error, error
+    assert "worker host %s cannot reach ps:0 at %s:%d: timed out" % (worker0, ps, PS_PORT) in error
+    assert "worker host %s cannot reach ps:0 at %s:%d: refused" % (worker1, ps, PS_PORT) in error
+    assert "cannot reach worker:" not in error  # the workers reach each other
+    assert time.monotonic() - started < 60  # the reach timeout (5 s), not a hang
+    assert not os.path.exists(tmp_path / "runs") or not os.listdir(tmp_path / "runs")
+
+
+def test_a_ps_fenced_mid_run_is_named_from_each_waiting_workers_host(testhosts, tmp_path,
+                                                                     ps_fence):
+    plant, (ps, worker0, worker1) = ps_fence
+    marker = tmp_path / "wait-in-createsession"  # the hosts share this machine's /tmp
+    runs_dir = str(tmp_path / "runs")
+    waiting = "createsession:%s" % marker
+    launch = Launch(runs_dir, "--cmd", PEER, "-i", ssh_inventory(testhosts, tmp_path),
+                    "--plain", "--env", "PEER_WORKER_0=" + waiting,
+                    "--env", "PEER_WORKER_1=" + waiting)
+    try:
+        wait_for(lambda: os.path.exists(runs_dir) and os.listdir(runs_dir) and
+                 run_record(runs_dir).get("state") == "running", 90, "the run to be running")
+        launch.line(r"^\[ps:0 %s\] listening on %d" % (re.escape(ps), PS_PORT), 30,
+                    "the ps to listen")
+        plant()
+        marker.write_text("")
+        started = time.monotonic()
+        for worker, host, outcome in (("worker:0", worker0, "timed out"),
+                                      ("worker:1", worker1, "refused")):
+            launch.line(r"^tfcluster: %s waits in CreateSession for ps:0: ps:0 is running, but "
+                        r"worker host %s cannot reach ps:0 at %s:%d: %s$" % (
+                            worker, re.escape(host), re.escape(ps), PS_PORT, outcome),
+                        30, "%s's wait diagnosed" % worker)
+        assert time.monotonic() - started < 30
+        launch.proc.send_signal(signal.SIGINT)
+        output = launch.end()
+    finally:
+        launch.kill()
+    assert launch.proc.returncode == 130, output
+    # The final report repeats both causes.
+    assert len(re.findall(r"\nworker:\d waits in CreateSession for ps:0: ", output)) == 2, output
+    assert_run_clean(run_record(runs_dir))
