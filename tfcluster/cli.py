@@ -180,8 +180,7 @@ def build_parser():
     p = sub.add_parser("deploy", help="provision the inventory's machines (ansible-playbook)")
     p.add_argument("-i", "--inventory", required=True)
     from tfcluster.deploy import PLAYBOOKS
-    p.add_argument("--playbook", choices=PLAYBOOKS,
-                   default="deploy", help="which of tfcluster's playbooks (default: deploy)")
+    p.add_argument("--playbook", choices=PLAYBOOKS, default="deploy", help="default: deploy")
     p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS")
     p.add_argument("-l", "--limit", metavar="PATTERN")
     p.add_argument("-t", "--tags")
