@@ -57,8 +57,9 @@ bench: setup
 lint: setup
 	$(BIN)/ansible-lint --offline --profile production playbooks/ roles/
 
+# The hosts' wheels and packed venv for an offline deploy, into wheelhouse/ (tfcluster wheelhouse).
 wheelhouse: setup
-	scripts/wheelhouse
+	$(BIN)/tfcluster wheelhouse $(WHEELHOUSE_ARGS)
 
 # The collection tfcluster.cluster as a tarball in dist/, for sites that install collections
 # from files (the wheel carries the same collection).

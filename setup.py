@@ -10,8 +10,10 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 COLLECTION = os.path.join("ansible_collections", "tfcluster", "cluster")
-# ansible.cfg: the settings `tfcluster deploy` runs the playbooks with (ANSIBLE_CONFIG).
-CONTENT = ("galaxy.yml", "README.md", "ansible.cfg", "meta", "playbooks", "roles")
+# ansible.cfg: the settings `tfcluster deploy` runs the playbooks with (ANSIBLE_CONFIG);
+# inventory/sample: what `tfcluster init --sample` copies.
+CONTENT = ("galaxy.yml", "README.md", "ansible.cfg", "meta", "playbooks", "roles",
+           os.path.join("inventory", "sample"))
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 

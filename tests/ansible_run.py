@@ -57,10 +57,14 @@ class Ansible:
         return proc
 
     def close(self):
-        """End the SSH master connections Ansible left running (ControlPersist)."""
-        for name in os.listdir(self.control_dir):
-            subprocess.run(["ssh", "-O", "exit", "-o", "ControlPath=" + os.path.join(
-                self.control_dir, name), "tfcluster-test"], capture_output=True, timeout=10)
+        close_ssh_masters(self.control_dir)
+
+
+def close_ssh_masters(folder):
+    """End the SSH master connections Ansible left running in FOLDER (ControlPersist)."""
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        subprocess.run(["ssh", "-O", "exit", "-o", "ControlPath=" + os.path.join(folder, name),
+                        "tfcluster-test"], capture_output=True, timeout=10)
 
 
 def explain(proc):
@@ -124,3 +128,23 @@ def tiny_dataset(folder, mirror_url=None):
     with open(path, "w") as handle:
         json.dump(manifest, handle)
     return path, os.path.join(folder, "cache")
+
+
+def run_on_local_hosts(tmp_path, hosts, tasks, *args, env=None):
+    """ansible-playbook of TASKS (YAML, indented as a play's) after the tfcluster role on local
+    HOSTS ({name: host vars as YAML}), offline from tmp_path's wheelhouse, the checkout's code."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        "all:\n  vars:\n    ansible_connection: local\n"
+        "    ansible_python_interpreter: %s\n  hosts:\n%s"
+        % (sys.executable, "".join("    %s: %s\n" % item for item in hosts.items())))
+    playbook = tmp_path / "install.yml"
+    playbook.write_text("- name: Install TensorFlow\n  hosts: all\n  gather_subset: [min]\n"
+                        "  roles: [tfcluster]\n  tasks:\n" + tasks)
+    return subprocess.run(
+        [ansible_tool("ansible-playbook"), "-i", str(inventory), str(playbook), *args,
+         "-e", "tfcluster_src=" + REPO, "-e", "tensorflow_install_mode=offline",
+         "-e", "tensorflow_wheelhouse_src=%s" % (tmp_path / "wheelhouse")],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+                 ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"), **(env or {})))

@@ -146,12 +146,12 @@ WHEELHOUSE_LOCK = "/run/lock/tfc-wheelhouse.lock"
 
 
 def ready_wheelhouse(timeout=1800):
-    """scripts/wheelhouse (the wheels and the packed venv in REPO/wheelhouse), one caller at a
-    time: the container session and the lab tests deploy from it side by side, and the second
+    """`tfcluster wheelhouse` (the wheels and the packed venv in REPO/wheelhouse), one caller at
+    a time: the container session and the lab tests deploy from it side by side, and the second
     finds it made (a rerun with the same inputs downloads nothing and keeps the pack)."""
     fd = hold_lock(WHEELHOUSE_LOCK, timeout)
     try:
-        return subprocess.run([sys.executable, os.path.join(REPO, "scripts", "wheelhouse")],
+        return subprocess.run([sys.executable, "-m", "tfcluster", "wheelhouse"],
                               cwd=REPO, capture_output=True, text=True, timeout=timeout)
     finally:
         os.close(fd)

@@ -36,6 +36,12 @@ def install_wheel(wheel, base):
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                            site, wheel], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    # The venv's own `tfcluster` command, as pip writes it (pip --target puts its scripts
+    # beside site-packages, for the Python pip runs on).
+    script = os.path.join(venv, "bin", "tfcluster")
+    with open(script, "w") as handle:
+        handle.write("#!%s\nimport sys\nfrom tfcluster.cli import main\nsys.exit(main())\n" % python)
+    os.chmod(script, 0o755)
     work = os.path.join(base, "work")
     os.makedirs(work)
     return python, site, work

@@ -134,9 +134,13 @@ def test_ansible_cfg_keeps_host_key_checking_on():
 
 
 def test_wheelhouse_help():
-    proc = run([sys.executable, os.path.join(REPO, "scripts", "wheelhouse"), "--help"])
-    assert proc.returncode == 0, proc.stderr
-    assert "--gpu" in proc.stdout and "--dest" in proc.stdout
+    # `tfcluster wheelhouse`, and scripts/wheelhouse with a Python that has nothing installed.
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    for argv in ([sys.executable, "-m", "tfcluster", "wheelhouse", "--help"],
+                 [python, "-S", os.path.join(REPO, "scripts", "wheelhouse"), "--help"]):
+        proc = run(argv)
+        assert proc.returncode == 0, proc.stderr
+        assert "--gpu" in proc.stdout and "--dest" in proc.stdout and "--lock" in proc.stdout
 
 
 def test_requirements_leave_tensorflow_to_the_role():

@@ -15,7 +15,7 @@ import yaml
 from ansible_run import ansible_tool
 from conftest import REPO
 from installed_wheel import build_wheel, install_wheel, run_installed
-from tfcluster import cli, deploy
+from tfcluster import cli, deploy, wheelhouse
 
 COLLECTION = "ansible_collections/tfcluster/cluster/"
 # What `make collection` puts in the tarball: the Ansible content, the host packages and the
@@ -166,7 +166,8 @@ def in_installed(installed, *argv, timeout=300):
 def test_wheel_carries_the_checkouts_ansible_content(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        for path in git_files("playbooks", "roles", "meta", "galaxy.yml", "ansible.cfg"):
+        for path in git_files("playbooks", "roles", "meta", "galaxy.yml", "ansible.cfg",
+                              "inventory/sample"):
             assert COLLECTION + path in names, path
             with open(os.path.join(REPO, path), "rb") as handle:
                 assert archive.read(COLLECTION + path) == handle.read(), path
@@ -191,6 +192,29 @@ def test_installed_wheel_runs_the_playbooks_outside_the_checkout(installed):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "tfcluster: ansible-playbook tfcluster.cluster.deploy -i hosts.yml --check" in proc.stdout
     assert re.search(r"worker0\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", proc.stdout)
+
+
+@pytest.mark.slow
+def test_installed_wheel_inits_and_finds_its_wheelhouse_inputs(installed):
+    """`tfcluster init --sample` copies the wheel's sample; `tfcluster wheelhouse` reads the
+    wheel's constraints and fills the current folder, and will not rewrite the wheel's pins."""
+    python, site, work = installed
+    proc = in_installed(installed, "-m", "tfcluster", "init", "cluster", "--sample")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert os.path.isfile(os.path.join(work, "cluster", "group_vars", "all", "connection.yml"))
+    program = ("import argparse; from tfcluster import wheelhouse as w; "
+               "a = w.complete(w.add_arguments(argparse.ArgumentParser()).parse_args([]), "
+               "w.Content()); print(a.dest, a.constraints, a.requirements, a.tf_version)")
+    proc = in_installed(installed, "-c", program)
+    collection = os.path.join(site, COLLECTION)
+    assert proc.stdout.split() == [
+        os.path.join(work, "wheelhouse"),
+        os.path.join(collection, "roles", "tensorflow", "files", "constraints.txt"),
+        os.path.join(site, "trainers", "requirements.txt"), wheelhouse.Content().tf_version()], \
+        proc.stdout + proc.stderr
+    proc = in_installed(installed, "-m", "tfcluster", "wheelhouse", "--lock")
+    assert proc.returncode == 2 and "run it in a checkout" in proc.stderr, proc.stderr
+    assert not os.path.exists(os.path.join(work, "wheelhouse"))
 
 
 @pytest.mark.slow

@@ -2,11 +2,13 @@
 
 The session fixture `dockerhosts` runs `scripts/dockerhosts up 3` (a private Docker engine; the
 debootstrap base image comes from /var/cache/tfcluster after the first run) and ALWAYS runs
-`down` at the end. The fixture `deployed` builds the wheelhouse and its packed venv and runs a first offline deploy
-(the containers reach no package index), which unpacks the pack. Tests run in file order against it: what the deploy
-put there (venv, TensorFlow, data, fence), a second deploy changes nothing, a --check run of the
-GPU path, the trainer code hash, mnist_replica across the containers through the fence,
-stop.yml stops what a detached launch left, teardown.yml leaves the packages, users, groups and
+`down` at the end. Tests run in file order. First the README's Install lines, from the installed
+wheel in an empty folder: init, wheelhouse, a dry run, deploy, mnist_replica across the containers
+through the fence, then teardown. Then the fixture `deployed` makes the checkout's wheelhouse
+(found made: the README's is shared with it) and runs a first offline deploy (the containers reach
+no package index), which unpacks the pack; against it: what the deploy put there (venv,
+TensorFlow, data, fence), a second deploy changes nothing, a --check run of the GPU path, the
+trainer code hash, stop.yml stops what a detached launch left, teardown.yml leaves the packages, users, groups and
 files as the deploy found them, and last `down` after the engine was killed leaves nothing (no
 container, network, engine process, mount, cgroup, bridge or file; firewall as found).
 The first two tests need neither root nor Docker: the committed compose files and what
@@ -14,12 +16,14 @@ dockerhosts builds must describe the same hosts.
 """
 import json
 import os
+import pathlib
 import re
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -30,11 +34,12 @@ REPO = os.path.dirname(TESTS)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from ansible_run import (RECAP, Ansible, ansible_tool, explain, task_status_runs,  # noqa: E402
-                         task_statuses, tiny_dataset)
+from ansible_run import (RECAP, Ansible, ansible_tool, close_ssh_masters, explain,  # noqa: E402
+                         task_status_runs, task_statuses, tiny_dataset)
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
-from conftest import (DOCKERHOSTS_LOCK, hold_lock, pid_alive, ready_wheelhouse, run_record,  # noqa: E402
-                      tfcluster, wait_for)
+from conftest import (DOCKERHOSTS_LOCK, hold_lock, pid_alive, processes_matching,  # noqa: E402
+                      ready_wheelhouse, run_record, tfcluster, wait_for)
+import readme_install  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
 from hostlib import engine as dockerd  # noqa: E402
 from hostlib import image  # noqa: E402
@@ -190,7 +195,7 @@ def deployed(dockerhosts, tmp_path_factory, request):
     started = time.monotonic()
     wheelhouse = ready_wheelhouse()
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
-    hosts.timings.append(("scripts/wheelhouse (and its pack)", time.monotonic() - started))
+    hosts.timings.append(("tfcluster wheelhouse (and its pack)", time.monotonic() - started))
     # The hosts' Python is the controller's /usr/bin/python3 (both Debian 12): the deploy
     # unpacks the packed venv instead of running pip.
     assert os.path.isfile(os.path.join(REPO, "wheelhouse", "venv-pack.json")), wheelhouse.stdout[-3000:]
@@ -237,6 +242,103 @@ def test_the_inventory_up_writes_works_from_any_folder(dockerhosts, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     for name in dockerhosts.names:
         assert "%s | CHANGED | rc=0 >>\n%s" % (name, name) in r.stdout, r.stdout
+
+
+@on_containers
+def test_the_readme_install_lines_run_on_bare_containers(dockerhosts, tmp_path, request):
+    """README.md's Install lines, read from it, as a user types them: in an empty folder outside
+    the checkout, with a venv that has the wheel installed (tests/installed_wheel.py), on the bare
+    containers (their addresses for the README's host names, dockerhosts' key and known_hosts for
+    ~/.ssh's). init, wheelhouse (downloaded and packed from nothing), a dry run on hosts never
+    deployed (exit 0), the deploy (the wheel's collection), then mnist_replica across the
+    containers through the fence: nothing of it prints a traceback, leaves a temporary archive or
+    a task running. A plain ansible-playbook of the same playbook then takes the stamp's fast
+    path. The containers are torn down to what they were, and the wheelhouse is shared with the
+    checkout's, which the deploy tests below then find made."""
+    hosts = dockerhosts
+    before = {name: hosts.inventory_of(name) for name in hosts.names}
+    python, _, _ = install_wheel(build_wheel(str(tmp_path)), str(tmp_path / "installed"))
+    # ~ in the README's lines. A short path, as a home is: the packed venv is built under
+    # ~/mycluster/wheelhouse, and pip gives scripts whose interpreter's path would be longer
+    # than a #! line allows a /bin/sh preamble instead (the deploy tests below check the #!).
+    home = pathlib.Path(tempfile.mkdtemp(prefix="tfc-readme-"))
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
+    (home / ".ssh").mkdir(parents=True)
+    os.symlink(os.path.dirname(os.path.dirname(python)), home / "tfc")
+    shutil.copy(dh.KEY, home / ".ssh" / "id_ed25519")
+    shutil.copy(dh.KNOWN_HOSTS, home / ".ssh" / "known_hosts")
+    (tmp_path / "tmp").mkdir()
+    lines = readme_install.substitute(readme_install.install_lines(), {
+        "~/": "%s/" % home, "ps1.example.com": dh.host_addr(1),
+        "gpu1.example.com": dh.host_addr(2), "gpu2.example.com": dh.host_addr(3)})
+    cluster = home / "mycluster"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    # TMPDIR: where a controller-side temporary archive would be left.
+    env.update(ANSIBLE_NOCOLOR="1", PYTHONPATH="", TMPDIR=str(tmp_path / "tmp"),
+               ANSIBLE_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"))
+    try:
+        code, ran = readme_install.run_lines(lines, str(home), env, timeout=1500)
+        hosts.timings += [("README: " + line.split("/bin/")[-1][:40], seconds)
+                          for line, seconds, _, _ in ran]
+        assert code == 0 and len(ran) == len(lines), "README line failed: %s\n%s\n%s" % (
+            ran[-1][0], ran[-1][2][-4000:], ran[-1][3][-3000:])
+        for line, _, out, err in ran:
+            assert "Traceback" not in err and "Exception ignored" not in err, (line, err[-3000:])
+        outputs = {line.split("/bin/")[-1]: out for line, _, out, _ in ran}
+        assert "is up to date" not in outputs["tfcluster wheelhouse"]  # made from nothing
+        for key in ("tfcluster deploy -i hosts.yml --check --diff", "tfcluster deploy -i hosts.yml"):
+            out = outputs[key]
+            assert "tfcluster: ansible-playbook tfcluster.cluster.deploy -i hosts.yml" in out, out
+            recap = {m.group(1): m.groups()[1:] for m in RECAP.finditer(out)}
+            for name in ("ps0", "worker0", "worker1"):
+                ok, changed, unreachable, failed = map(int, recap[name][:4])
+                assert changed > 0 and unreachable == failed == 0, (key, out[-4000:])
+        assert os.listdir(tmp_path / "tmp") == [], "left in the controller's temp folder"
+        assert_trained_across_the_containers(hosts, str(cluster / "runs"),
+                                             outputs["tfcluster launch mnist_replica -i hosts.yml "
+                                                     "--smoke"])
+        # Plain Ansible, the same playbook: the stamps tfcluster deploy wrote hold.
+        started = time.monotonic()
+        plain = run_installed(python, str(cluster), "-m", "ansible", "playbook",
+                              "tfcluster.cluster.deploy", "-i", "hosts.yml", timeout=600, env=env)
+        hosts.timings.append(("README: plain ansible-playbook again", time.monotonic() - started))
+        assert plain.returncode == 0, plain.stdout[-4000:] + plain.stderr[-2000:]
+        assert set(stamp_report(plain).values()) == {FAST}, plain.stdout[-4000:]
+    finally:
+        started = time.monotonic()
+        down = run_installed(python, str(cluster), "-m", "tfcluster", "deploy", "-i", "hosts.yml",
+                             "--playbook", "teardown", "-e", "common_remove_user=true",
+                             timeout=600, env=env)
+        hosts.timings.append(("README: teardown", time.monotonic() - started))
+        close_ssh_masters(str(tmp_path / "cp"))
+        wait_for(lambda: not [p for p in processes_matching(str(cluster)) if "plot" in p[1]],
+                 60, "metrics.png to be drawn")
+    assert down.returncode == 0, down.stdout[-4000:] + down.stderr[-2000:]
+    for name in hosts.names:
+        assert hosts.inventory_of(name) == before[name], name
+    readme_install.share_wheelhouse(str(cluster / "wheelhouse"), os.path.join(REPO, "wheelhouse"))
+
+
+def assert_trained_across_the_containers(hosts, runs_dir, output):
+    """The ps on ps1 served workers on worker1 and worker2 through the fence, all from the
+    deployed venv and code, and nothing of the run is left on the containers."""
+    record = run_record(runs_dir)
+    assert record["cluster"] == {"ps": ["10.232.0.11:2222"],
+                                 "worker": ["10.232.0.12:2222", "10.232.0.13:2222"]}
+    assert {m["hostname"] for m in record["machines"]} == set(hosts.names)
+    assert {m["python"] for m in record["machines"]} == {ROOT + "/venv/bin/python"}
+    assert record["tasks"]["ps:0"]["state"] == "stopped"
+    for label in ("worker:0", "worker:1"):
+        assert record["tasks"][label]["state"] == "succeeded"
+        result = record["results"][label]
+        assert result["loss"] < 0.5 * max(r["initial_loss"] for r in record["results"].values())
+    for name in ("ps-0", "worker-0", "worker-1"):
+        assert os.path.getsize(os.path.join(runs_dir, record["id"], name + ".log")) > 0
+    # Prefixed live output names each task's host.
+    assert "[worker:1 10.232.0.13] " in output
+    for name in hosts.names:  # no procps in a bare container: read /proc ([m]: not this grep)
+        left = hosts.ssh(name, "grep -l '[m]nist_replica' /proc/[0-9]*/cmdline 2>/dev/null || true")
+        assert not left.stdout.strip(), "%s still runs %s" % (name, left.stdout)
 
 
 @on_containers
@@ -290,7 +392,7 @@ def assert_fast_path(hosts, proc):
 
 @on_containers
 def test_first_deploy_unpacked_the_packed_venv(deployed):
-    """The venv came from scripts/wheelhouse's pack (unpacked in the background, waited for before
+    """The venv came from `tfcluster wheelhouse`'s pack (unpacked in the background, waited for before
     the stamp): no wheelhouse, no pip; its scripts name the host's venv, tf-keras imports,
     nothing is left of the unpacking, not even Ansible's record of the job."""
     hosts, _, first = deployed
@@ -427,69 +529,6 @@ def test_trainer_code_hash_matches(deployed):
         recorded, computed, pyc = out.stdout.split()
         assert recorded == computed == expected, name
         assert pyc == "0", "%s: compiled files were shipped" % name
-
-
-@on_containers
-def test_the_installed_wheel_deploys_the_containers(deployed, tmp_path):
-    """As a user who ran `pip install tfcluster`: outside the checkout, `tfcluster deploy` and
-    `ansible-playbook tfcluster.cluster.deploy` run the wheel's collection on the containers."""
-    hosts, ansible, _ = deployed
-    wheel = build_wheel(str(tmp_path))
-    python, _, work = install_wheel(wheel, str(tmp_path / "installed"))
-    # The user's folder: their inventory (the one `up` wrote: keys by absolute path) and the
-    # wheelhouse.
-    shutil.copy(dh.INVENTORY, os.path.join(work, "hosts.yml"))
-    os.symlink(os.path.join(REPO, "wheelhouse"), os.path.join(work, "wheelhouse"))
-    options = ["-i", "hosts.yml", "-e", "@" + ansible.extra_vars_file,
-               "-e", "tensorflow_install_mode=offline"]
-    env = {"ANSIBLE_SSH_CONTROL_PATH_DIR": ansible.control_dir}
-    # Both provision every container with the wheel's roles: the first asked to, the second
-    # because a bare ansible-playbook reads no ansible.cfg, an input of the deploy stamp.
-    for argv in (["-m", "tfcluster", "deploy"] + options + ["-e", "tfcluster_deploy_full=true"],
-                 ["-m", "ansible", "playbook", "tfcluster.cluster.deploy"] + options):
-        started = time.monotonic()
-        proc = run_installed(python, work, *argv, timeout=900, env=env)
-        hosts.timings.append(("deploy from the wheel: " + argv[1], time.monotonic() - started))
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-        # Which copy of the collection a bare ansible-playbook finds: tests/test_collection.py.
-        assert argv[1] != "tfcluster" or "tfcluster: ansible-playbook tfcluster.cluster.deploy" \
-            in proc.stdout, proc.stdout[-2000:]
-        # Every container (and localhost, where the controller-side tasks ran) changed nothing.
-        recap = {m.group(1): int(m.group(3)) for m in RECAP.finditer(proc.stdout)}
-        assert set(hosts.names) <= set(recap) and not any(recap.values()), proc.stdout[-4000:]
-        # Not the stamp's fast path: the wheel's roles ran on every container.
-        assert all("%s: provisioned: " % name in proc.stdout for name in hosts.names), \
-            proc.stdout[-4000:]
-
-
-@on_containers
-def test_launch_trains_across_the_containers(deployed, tmp_path):
-    """The ps on ps1 serves workers on worker1 and worker2 through the fence, all from the
-    deployed venv and code."""
-    hosts, _, _ = deployed
-    runs_dir = str(tmp_path / "runs")
-    started = time.monotonic()
-    proc = tfcluster("launch", "mnist_replica", "-i", str(dh.INVENTORY), "--smoke",
-                     "--timeout", "300", runs_dir=runs_dir, timeout=420)
-    hosts.timings.append(("launch mnist_replica --smoke", time.monotonic() - started))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    record = run_record(runs_dir)
-    assert record["cluster"] == {"ps": ["10.232.0.11:2222"],
-                                 "worker": ["10.232.0.12:2222", "10.232.0.13:2222"]}
-    assert {m["hostname"] for m in record["machines"]} == set(hosts.names)
-    assert {m["python"] for m in record["machines"]} == {ROOT + "/venv/bin/python"}
-    assert record["tasks"]["ps:0"]["state"] == "stopped"
-    for label in ("worker:0", "worker:1"):
-        assert record["tasks"][label]["state"] == "succeeded"
-        result = record["results"][label]
-        assert result["loss"] < 0.5 * max(r["initial_loss"] for r in record["results"].values())
-    for name in ("ps-0", "worker-0", "worker-1"):
-        assert os.path.getsize(os.path.join(runs_dir, record["id"], name + ".log")) > 0
-    # Prefixed live output names each task's host.
-    assert "[worker:1 10.232.0.13] " in proc.stdout
-    for name in hosts.names:  # no procps in a bare container: read /proc ([m]: not this grep)
-        left = hosts.ssh(name, "grep -l '[m]nist_replica' /proc/[0-9]*/cmdline 2>/dev/null || true")
-        assert not left.stdout.strip(), "%s still runs %s" % (name, left.stdout)
 
 
 @on_containers

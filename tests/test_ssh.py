@@ -176,3 +176,24 @@ def test_a_host_cut_off_mid_run_fails_the_run_and_the_others_are_stopped(testhos
                                                             cut_task["pid"])
     wait_for(lambda: testhosts.ssh(cut_name, aged_then_alive).returncode != 0, 60,
              "the cut host's task to stop")
+
+
+def test_an_attached_launch_over_ssh_with_relative_paths_ends_cleanly(testhosts, tmp_path):
+    """The inventory names its key and known_hosts relative to its own folder (as Ansible reads
+    group_vars), and the launch runs from another folder (the checkout). The run succeeds and
+    prints nothing from destructors after it: every SSH channel and file is closed in order."""
+    import shutil
+    folder = tmp_path / "mycluster"
+    (folder / "keys").mkdir(parents=True)
+    shutil.copy(testhosts.key, folder / "keys" / "id_ed25519")
+    shutil.copy(testhosts.known_hosts, folder / "keys" / "known_hosts")
+    inventory = ssh_inventory(testhosts, folder, known_hosts="keys/known_hosts")
+    text = open(inventory).read().replace(str(testhosts.key), "keys/id_ed25519")
+    open(inventory, "w").write(text)
+    proc = tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--plain",
+                     runs_dir=str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+    record = run_record(str(tmp_path / "runs"))
+    assert {t["host"] for t in record["tasks"].values()} == {a for _, a in testhosts.hosts[:3]}
+    assert_run_clean(record)

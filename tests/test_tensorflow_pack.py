@@ -1,11 +1,10 @@
-"""The packed venv of an offline deploy: scripts/wheelhouse's pack metadata and cache, the
+"""The packed venv of an offline deploy: `tfcluster wheelhouse`'s pack metadata and cache, the
 tensorflow role's venv_pack.py (libzstd through ctypes) on a small fake venv, and (slow:
 ansible-playbook on local hosts) the role's choice between the pack and pip in check mode and,
 as root, the background unpack for real. The real pack on real hosts is
 tests/test_dockerhosts.py's deploy."""
+import argparse
 import hashlib
-import importlib.machinery
-import importlib.util
 import io
 import json
 import os
@@ -16,32 +15,27 @@ import tarfile
 
 import pytest
 
-from ansible_run import ansible_tool, task_status_runs, task_statuses
+from ansible_run import run_on_local_hosts, task_status_runs, task_statuses
 from conftest import REPO
+from tfcluster import wheelhouse, wheelpack
 
 UNPACK = os.path.join(REPO, "roles", "tensorflow", "files", "venv_pack.py")
 PREFIX = "/build/.venv-pack-x/venv"
 
 
-def load_wheelhouse():
-    loader = importlib.machinery.SourceFileLoader(
-        "_wheelhouse_script", os.path.join(REPO, "scripts", "wheelhouse"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
-
-
-wheelhouse = load_wheelhouse()
+# The role's libzstd binding, as the wheelhouse loads it.
+ZSTD = wheelpack.zstd(UNPACK)
+TF_VERSION = wheelhouse.Content().tf_version()
 
 
 def zstd_frame(data):
     out = io.BytesIO()
-    wheelhouse.zstd.compress(io.BytesIO(data), out.write, level=3, window_log=20, workers=0)
+    ZSTD.compress(io.BytesIO(data), out.write, level=3, window_log=20, workers=0)
     return out.getvalue()
 
 
 def fake_venv_archive(path, frames=1):
-    """A tar.zst of a tiny venv built in PREFIX, as scripts/wheelhouse packs one (split into
+    """A tar.zst of a tiny venv built in PREFIX, as `tfcluster wheelhouse` packs one (split into
     FRAMES zstd frames one after the other, as `zstd` and `cat` could have made it)."""
     files = {
         "bin/tool": ("#!%s/bin/python\nimport sys\n" % PREFIX, 0o755),
@@ -91,10 +85,10 @@ def test_zstd_round_trip_over_many_buffers_and_workers():
     """More than one read buffer in and out, compressed by two worker threads as the pack is."""
     data = b"".join(b"%08d %s\n" % (i, os.urandom(8).hex().encode()) for i in range(400000))
     packed = io.BytesIO()
-    wheelhouse.zstd.compress(io.BytesIO(data), packed.write, level=3, window_log=27, workers=2)
+    ZSTD.compress(io.BytesIO(data), packed.write, level=3, window_log=27, workers=2)
     assert len(packed.getvalue()) < len(data)
     out = io.BytesIO()
-    wheelhouse.zstd.decompress(io.BytesIO(packed.getvalue()), lambda view: out.write(bytes(view)))
+    ZSTD.decompress(io.BytesIO(packed.getvalue()), lambda view: out.write(bytes(view)))
     assert out.getvalue() == data
 
 
@@ -120,11 +114,11 @@ def test_zstd_works_in_a_process_that_imported_tensorflow():
 
 def test_no_pack_without_libzstd(tmp_path, capsys, monkeypatch):
     def missing():
-        raise wheelhouse.zstd.ZstdError("libzstd.so.1 is not on this machine")
-    monkeypatch.setattr(wheelhouse.zstd, "libzstd", missing)
-    assert wheelhouse.build_pack(pack_args(tmp_path, "--pack-python", sys.executable)) == 0
+        raise ZSTD.ZstdError("libzstd.so.1 is not on this machine")
+    monkeypatch.setattr(ZSTD, "libzstd", missing)
+    assert wheelpack.build_pack(pack_args(tmp_path, "--pack-python", sys.executable)) == 0
     assert "no packed environment: libzstd.so.1" in capsys.readouterr().out
-    assert not os.path.exists(os.path.join(tmp_path, "wheelhouse", wheelhouse.PACK_METADATA))
+    assert not os.path.exists(os.path.join(tmp_path, "wheelhouse", wheelpack.PACK_METADATA))
 
 
 @pytest.mark.parametrize("damage", ["not tar", "not zstd", "cut short", "a byte changed"])
@@ -153,51 +147,32 @@ def pack_args(tmp_path, *extra):
     dest = tmp_path / "wheelhouse"
     dest.mkdir(exist_ok=True)
     for name in ("tensorflow_cpu-%s-cp311-cp311-manylinux_2_27_x86_64.whl"
-                 % wheelhouse.default_tf_version(), "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl"):
+                 % TF_VERSION, "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl"):
         (dest / name).write_bytes(b"wheel " + name.encode())
-    return wheelhouse.build_parser().parse_args(["--dest", str(dest), *extra])
+    parser = wheelhouse.add_arguments(argparse.ArgumentParser())
+    return wheelhouse.complete(parser.parse_args(["--dest", str(dest), *extra]), wheelhouse.Content())
 
 
 def write_pack(args, base_python, **changes):
     """A pack's metadata and a small archive in args.dest, as build_pack leaves them."""
-    archive = os.path.join(args.dest, wheelhouse.PACK_ARCHIVE)
+    archive = os.path.join(args.dest, wheelpack.PACK_ARCHIVE)
     fake_venv_archive(archive)
     metadata = {"base_python": base_python, "machine": platform.machine(),
-                "format": wheelhouse.PACK_FORMAT,
+                "format": wheelpack.PACK_FORMAT,
                 "python_version": ".".join(map(str, sys.version_info[:3])),
-                "inputs": wheelhouse.pack_inputs(args, base_python), "prefix": PREFIX,
-                "archive": wheelhouse.PACK_ARCHIVE, "size": os.path.getsize(archive),
+                "inputs": wheelpack.pack_inputs(args, base_python), "prefix": PREFIX,
+                "archive": wheelpack.PACK_ARCHIVE, "size": os.path.getsize(archive),
                 "sha256": hashlib.sha256(open(archive, "rb").read()).hexdigest()}
     metadata.update(changes)
-    with open(os.path.join(args.dest, wheelhouse.PACK_METADATA), "w") as handle:
+    with open(os.path.join(args.dest, wheelpack.PACK_METADATA), "w") as handle:
         json.dump(metadata, handle)
     return metadata
 
 
-def run_on_local_hosts(tmp_path, hosts, tasks, *args, env=None):
-    """ansible-playbook of TASKS (YAML, indented as a play's) after the tfcluster role on local
-    HOSTS ({name: host vars as YAML}), offline from tmp_path's wheelhouse."""
-    inventory = tmp_path / "hosts.yml"
-    inventory.write_text(
-        "all:\n  vars:\n    ansible_connection: local\n"
-        "    ansible_python_interpreter: %s\n  hosts:\n%s"
-        % (sys.executable, "".join("    %s: %s\n" % item for item in hosts.items())))
-    playbook = tmp_path / "install.yml"
-    playbook.write_text("- name: Install TensorFlow\n  hosts: all\n  gather_subset: [min]\n"
-                        "  roles: [tfcluster]\n  tasks:\n" + tasks)
-    return subprocess.run(
-        [ansible_tool("ansible-playbook"), "-i", str(inventory), str(playbook), *args,
-         "-e", "tfcluster_src=" + REPO, "-e", "tensorflow_install_mode=offline",
-         "-e", "tensorflow_wheelhouse_src=%s" % (tmp_path / "wheelhouse")],
-        cwd=str(tmp_path), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-        env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-                 ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"), **(env or {})))
-
-
 def test_pack_inputs_read_the_files_as_the_role_does(tmp_path):
     args = pack_args(tmp_path)
-    inputs = wheelhouse.pack_inputs(args, "/usr/bin/python3")
-    assert inputs["packages"][0] == "tensorflow-cpu==" + wheelhouse.default_tf_version()
+    inputs = wheelpack.pack_inputs(args, "/usr/bin/python3")
+    assert inputs["packages"][0] == "tensorflow-cpu==" + TF_VERSION
     assert "numpy==2.4.6" in inputs["packages"] and inputs["no_deps"] == ["tf-keras"]
     assert not [p for p in inputs["packages"] + inputs["no_deps"] if "#" in p or p != p.strip()]
     assert inputs["wheels"] == sorted("%s %d" % (p.name, p.stat().st_size)
@@ -208,23 +183,23 @@ def test_pack_inputs_read_the_files_as_the_role_does(tmp_path):
 def test_a_pack_with_the_same_inputs_is_not_built_again(tmp_path, capsys):
     args = pack_args(tmp_path, "--pack-python", sys.executable)
     metadata = write_pack(args, sys.executable)
-    before = os.stat(os.path.join(args.dest, wheelhouse.PACK_ARCHIVE))
-    assert wheelhouse.build_pack(args) == 0
+    before = os.stat(os.path.join(args.dest, wheelpack.PACK_ARCHIVE))
+    assert wheelpack.build_pack(args) == 0
     assert "is up to date" in capsys.readouterr().out
-    after = os.stat(os.path.join(args.dest, wheelhouse.PACK_ARCHIVE))
+    after = os.stat(os.path.join(args.dest, wheelpack.PACK_ARCHIVE))
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
-    assert json.load(open(os.path.join(args.dest, wheelhouse.PACK_METADATA))) == metadata
+    assert json.load(open(os.path.join(args.dest, wheelpack.PACK_METADATA))) == metadata
 
 
 def test_no_pack_for_another_python_or_gpu_only(tmp_path, capsys):
-    assert wheelhouse.build_pack(pack_args(tmp_path, "--pack-python", "/nonexistent/python3")) == 0
+    assert wheelpack.build_pack(pack_args(tmp_path, "--pack-python", "/nonexistent/python3")) == 0
     assert "does not run here" in capsys.readouterr().out
-    assert wheelhouse.build_pack(pack_args(tmp_path, "--pack-python", sys.executable,
+    assert wheelpack.build_pack(pack_args(tmp_path, "--pack-python", sys.executable,
                                            "--python-version", "3.2")) == 0
     assert "the wheels are for 3.2" in capsys.readouterr().out
-    assert wheelhouse.build_pack(pack_args(tmp_path, "--no-cpu", "--gpu")) == 0
+    assert wheelpack.build_pack(pack_args(tmp_path, "--no-cpu", "--gpu")) == 0
     assert "install with pip" in capsys.readouterr().out
-    assert not os.path.exists(os.path.join(tmp_path, "wheelhouse", wheelhouse.PACK_METADATA))
+    assert not os.path.exists(os.path.join(tmp_path, "wheelhouse", wheelpack.PACK_METADATA))
 
 
 @pytest.mark.slow
@@ -243,9 +218,9 @@ def test_role_unpacks_a_matching_pack_and_falls_back_to_pip(tmp_path):
         metadata = write_pack(args, sys.executable, **(changes or {}))
         if changes is None:
             metadata["inputs"]["wheels"] = metadata["inputs"]["wheels"][1:]
-        for path in (wheelhouse.PACK_ARCHIVE, wheelhouse.PACK_METADATA):
+        for path in (wheelpack.PACK_ARCHIVE, wheelpack.PACK_METADATA):
             os.rename(os.path.join(args.dest, path), pack_dir / path)
-        (pack_dir / wheelhouse.PACK_METADATA).write_text(json.dumps(metadata))
+        (pack_dir / wheelpack.PACK_METADATA).write_text(json.dumps(metadata))
         root = tmp_path / ("root-" + name)
         # The host already holds the wheels: the check run needs no wheelhouse push.
         (root / "wheelhouse").mkdir(parents=True)
@@ -282,14 +257,14 @@ def test_background_unpack_is_waited_for_and_its_failure_fails_the_deploy(tmp_pa
     for name in ("good", "damaged"):
         pack_dir = tmp_path / ("pack-" + name)
         pack_dir.mkdir()
-        for path in (wheelhouse.PACK_ARCHIVE, wheelhouse.PACK_METADATA):
+        for path in (wheelpack.PACK_ARCHIVE, wheelpack.PACK_METADATA):
             (pack_dir / path).write_bytes((tmp_path / "wheelhouse" / path).read_bytes())
         root = tmp_path / ("root-" + name)
         (root / "venv").mkdir(parents=True)
         (root / "venv" / "tfcluster-installed").write_text("old record")
         hosts[name] = "{tfcluster_root: %s, tensorflow_pack_metadata: %s}" % (
-            root, pack_dir / wheelhouse.PACK_METADATA)
-    archive = tmp_path / "pack-damaged" / wheelhouse.PACK_ARCHIVE
+            root, pack_dir / wheelpack.PACK_METADATA)
+    archive = tmp_path / "pack-damaged" / wheelpack.PACK_ARCHIVE
     whole = archive.read_bytes()
     archive.write_bytes(whole[:len(whole) // 2])
     jobs = tmp_path / "async"

@@ -177,19 +177,12 @@ def build_parser():
     p.add_argument("--port", type=int, default=6006, help="default 6006")
     p.add_argument("--host", help="address to listen on (default: TensorBoard's, localhost)")
 
-    p = sub.add_parser("deploy", help="provision the inventory's machines (ansible-playbook)")
-    p.add_argument("-i", "--inventory", required=True)
-    from tfcluster.deploy import PLAYBOOKS
-    p.add_argument("--playbook", choices=PLAYBOOKS, default="deploy", help="default: deploy")
-    p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS")
-    p.add_argument("-l", "--limit", metavar="PATTERN")
-    p.add_argument("-t", "--tags")
-    p.add_argument("--skip-tags")
-    p.add_argument("--system", action="store_true", help="only the administrator's half (root)")
-    p.add_argument("-C", "--check", action="store_true", help="dry run")
-    p.add_argument("-D", "--diff", action="store_true")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    p.epilog = "Arguments after a bare -- go to ansible-playbook; exits with its status"
+    from tfcluster import deploy, init, wheelhouse
+    init.add_arguments(sub.add_parser("init", help="write a starting inventory for your hosts"))
+    wheelhouse.add_arguments(sub.add_parser("wheelhouse", help="download the hosts' wheels and "
+                                            "pack their venv, for an offline deploy"))
+    deploy.add_arguments(sub.add_parser("deploy", help="provision the inventory's machines "
+                                        "(ansible-playbook)"))
 
     p = sub.add_parser("data", help="datasets")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=Parser)
@@ -372,9 +365,10 @@ def cmd_data(args):
     return 0
 
 
-def cmd_deploy(args):
-    from tfcluster import deploy
-    return deploy.run(args)
+def cmd_module(args):
+    """deploy, init, wheelhouse: the module of the command's name does the work."""
+    import importlib
+    return importlib.import_module("tfcluster." + args.command).run(args)
 
 
 def cmd_plot(args):
@@ -397,4 +391,5 @@ COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": 
             "sync": cmd_sync, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
-            "deploy": cmd_deploy, "stacks": stall.cmd_stacks}
+            "deploy": cmd_module, "init": cmd_module, "wheelhouse": cmd_module,
+            "stacks": stall.cmd_stacks}

@@ -71,18 +71,19 @@ class AgentLink:
                 transport.set_keepalive(5)
                 self._channel = transport.open_session(timeout=self.machine.connect_timeout)
                 self._channel.exec_command(shlex.join(argv))
-                stdout, stderr = self._channel.makefile("rb"), self._channel.makefile_stderr("rb")
-        except FileNotFoundError:
-            raise HostError(self.machine, no_python(self.machine)) from None
+                # Lines read straight off the channel: paramiko's files (makefile) print
+                # tracebacks from their destructors when collected at interpreter exit.
+                stdout = channel_lines(self._channel.recv)
+                stderr = channel_lines(self._channel.recv_stderr)
+        except FileNotFoundError as err:
+            raise HostError(self.machine, no_python(self.machine) if self.machine.is_local
+                            else missing_ssh_file(err)) from None
         except Exception as err:  # paramiko, socket and OS errors all mean "unreachable"
             raise HostError(self.machine, describe_connection_error(err, self.machine)) from None
         self._readers = [threading.Thread(target=self._read, args=(stdout,), daemon=True),
                          threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True)]
         for reader in self._readers:
             reader.start()
-        # The readers own the streams: paramiko's connect keeps this frame alive (an exception
-        # it saved), and a stream still alive at interpreter exit prints a traceback.
-        del stdout, stderr
         if first is not None:
             self.send(first)
         reply = self._wait_reply(timeout, "to start its agent")
@@ -211,10 +212,26 @@ class AgentLink:
         except Exception:  # closing what is already broken
             pass
         self._connection = self._channel = None
-        # The readers close their streams as they end: a paramiko file still open at
-        # interpreter exit prints a traceback from its __del__.
+        # The readers end with the channel: nothing of this link outlives the run.
         for reader in self._readers if remote else ():
             reader.join(1)
+
+
+def channel_lines(recv):
+    """The lines (bytes) RECV (a channel's recv or recv_stderr) delivers, until its end."""
+    pending = bytearray()
+    while True:
+        data = recv(65536)
+        if not data:
+            break
+        pending += data
+        if b"\n" in data:  # a long line (a collected file) is split once, when it ends
+            *lines, rest = pending.split(b"\n")
+            pending = bytearray(rest)
+            for line in lines:
+                yield bytes(line) + b"\n"
+    if pending:
+        yield bytes(pending)
 
 
 def _close_quietly(stream):
@@ -227,6 +244,11 @@ def _close_quietly(stream):
 def no_python(machine):
     return ("no Python at %s (tfcluster_python): run ansible-playbook playbooks/deploy.yml "
             "or set tfcluster_python" % machine.python)
+
+
+def missing_ssh_file(err):
+    return ("no file %s (ansible_ssh_private_key_file or known_hosts; a relative path is read "
+            "from the inventory's folder)" % err.filename)
 
 
 def describe_connection_error(err, machine):

@@ -13,6 +13,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from tfcluster import sshfiles
 from tfcluster.errors import UsageError
 from tfcluster_agent import clusterspec
 
@@ -202,7 +203,8 @@ def _cache_key(path):
             ansible_version = handle.read()
         with open(__file__, "rb") as handle:
             digest.update(handle.read())
-        digest.update(repr((os.path.abspath(path), sys.executable, ansible_version,
+        # The current folder: a relative key path may be read from it (sshfiles.resolve).
+        digest.update(repr((os.path.abspath(path), os.getcwd(), sys.executable, ansible_version,
                             sorted((k, v) for k, v in os.environ.items()
                                    if k.startswith("ANSIBLE_")))).encode())
         for name in _inventory_files(path):
@@ -238,6 +240,7 @@ def read_slots(path):
                          "--list)" % (path, _parse_failure_reason(warnings.getvalue()), path)) from None
     variables = VariableManager(loader=loader, inventory=inventory)
     groups = inventory.get_groups_dict()
+    folder = sshfiles.inventory_folder(path)
     slots = []
     for job in JOBS:
         for hostname in groups.get(job, []):
@@ -245,14 +248,14 @@ def read_slots(path):
             host_vars = variables.get_vars(host=host)
             templar = Templar(loader=loader, variables=host_vars)
             try:
-                slots.append(_slot(hostname, job, host_vars, templar))
+                slots.append(_slot(hostname, job, host_vars, templar, folder))
             except AnsibleError as err:
                 raise UsageError("inventory %s: host %s: cannot resolve its variables: %s"
                                  % (path, hostname, str(err).splitlines()[0])) from None
     return slots
 
 
-def _slot(hostname, job, host_vars, templar):
+def _slot(hostname, job, host_vars, templar, folder):
     def get(name, default=None):
         if name not in host_vars:
             return default
@@ -267,8 +270,9 @@ def _slot(hostname, job, host_vars, templar):
         connection=str(get("ansible_connection", "ssh")),
         ssh_port=_ssh_port(get("ansible_port", 22), hostname),
         user=get("ansible_user"),
-        key_file=get("ansible_ssh_private_key_file"),
-        known_hosts=get("tfcluster_known_hosts") or _known_hosts_from(get("ansible_ssh_common_args")),
+        key_file=sshfiles.resolve(get("ansible_ssh_private_key_file"), folder),
+        known_hosts=sshfiles.resolve(get("tfcluster_known_hosts") or sshfiles.known_hosts_from(
+            get("ansible_ssh_common_args")), folder),
         connect_timeout=_seconds(get("tfcluster_connect_timeout", 10), "tfcluster_connect_timeout",
                                  hostname),
         root=root,
@@ -383,8 +387,3 @@ def _data_address(value, ssh_address, hostname):
                           "fix it, or set tfcluster_address to the address tasks use")
         return None if host == ssh_address else host
     return check_host(value, "host %s: tfcluster_address" % hostname, "fix tfcluster_address")
-
-
-def _known_hosts_from(ssh_args):
-    match = re.search(r"UserKnownHostsFile=(\S+)", str(ssh_args or ""))
-    return match.group(1) if match else None

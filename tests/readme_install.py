@@ -1,0 +1,70 @@
+"""The README's Install section as a test runs it (tests/test_dockerhosts.py): its own lines,
+read from README.md, run one after another in bash, so that the two cannot drift apart."""
+import os
+import re
+import subprocess
+import time
+
+from conftest import REPO
+
+MARK = "@@tfcluster-readme-line"
+
+
+def install_lines():
+    """The lines of the Install section's code block that runs `tfcluster init`."""
+    with open(os.path.join(REPO, "README.md")) as handle:
+        section = handle.read().split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    blocks, block = [], []
+    for line in section.splitlines() + [""]:
+        if line.startswith("    ") and line.strip():
+            block.append(line[4:])
+        elif block:
+            blocks, block = blocks + [block], []
+    found = [b for b in blocks if any(re.search(r"\btfcluster init\b", line) for line in b)]
+    assert len(found) == 1, "README.md's Install section has no single block with tfcluster init"
+    return found[0]
+
+
+def substitute(lines, substitutions):
+    """LINES with each {text: replacement} made; every text must occur (a README edit that
+    drops one fails here, not later)."""
+    script = "\n".join(lines)
+    for text, replacement in substitutions.items():
+        assert text in script, "the README's Install lines no longer contain %r" % text
+        script = script.replace(text, replacement)
+    return script.splitlines()
+
+
+def run_lines(lines, cwd, env, timeout):
+    """Run LINES in one bash (set -e) in CWD. Returns (exit code, [(line, seconds, stdout,
+    stderr)] for each line that ran)."""
+    script = ["set -e"]
+    for number, line in enumerate(lines):
+        script += ['echo "%s %d $EPOCHREALTIME"; echo "%s %d" >&2' % (MARK, number, MARK, number),
+                   line]
+    script.append('echo "%s end $EPOCHREALTIME"; echo "%s end" >&2' % (MARK, MARK))
+    proc = subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, env=env, timeout=timeout,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    outs = re.split(r"^%s (\S+) (\S+)\n" % MARK, proc.stdout, flags=re.M)
+    errs = re.split(r"^%s \S+\n" % MARK, proc.stderr, flags=re.M)
+    # outs: [before, number, time, output, number, time, output, ...]
+    marks = [(outs[i], float(outs[i + 1]), outs[i + 2]) for i in range(1, len(outs) - 1, 3)]
+    ends = [t for _, t, _ in marks[1:]] + [time.time()]  # the last: the line that failed
+    ran = []
+    for (number, begin, out), end, err in zip(marks, ends, errs[1:] + [""] * len(marks)):
+        if number != "end":
+            ran.append((lines[int(number)], end - begin, out, err))
+    return proc.returncode, ran
+
+
+def share_wheelhouse(source, dest):
+    """DEST/ gets SOURCE/'s files as hard links (replacing those of the same name): a checkout's
+    wheelhouse then finds the wheels and the pack already made."""
+    os.makedirs(dest, exist_ok=True)
+    for name in os.listdir(source):
+        path = os.path.join(source, name)
+        target = os.path.join(dest, name)
+        if not os.path.isfile(path) or (os.path.exists(target) and os.path.samefile(path, target)):
+            continue
+        os.link(path, target + ".link")
+        os.replace(target + ".link", target)
