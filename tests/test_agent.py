@@ -75,6 +75,15 @@ def start(agent, run_dir, tasks, lease=0.0):
     assert isinstance(reply, P.Accepted), reply
 
 
+def exit_codes(agent, count):
+    """{task name: exit code} of the next COUNT tasks to exit."""
+    exits = {}
+    while len(exits) < count:
+        msg = agent.next(P.Exited)
+        exits[msg.name] = msg.code
+    return exits
+
+
 def outputs(agent, name):
     return "".join(m.text for m in agent.seen if isinstance(m, P.Output) and m.name == name)
 
@@ -84,10 +93,7 @@ def test_tasks_stream_output_and_exit_status_and_keep_secrets(agent, tmp_path):
     start(agent, run_dir, [
         {"name": "worker-0", "command": "echo hello; echo $GREETING", "env": {"GREETING": "s3cr3t"}},
         {"name": "worker-1", "command": "echo failing >&2; exit 3"}])
-    exits = {}
-    while len(exits) < 2:
-        msg = agent.next(P.Exited)
-        exits[msg.name] = msg.code
+    exits = exit_codes(agent, 2)
     assert exits == {"worker-0": 0, "worker-1": 3}
     assert outputs(agent, "worker-0") == "hello\ns3cr3t\n"
     assert "failing" in outputs(agent, "worker-1")
@@ -124,6 +130,24 @@ def test_a_forked_supervisor_keeps_nothing_of_the_agent_and_outlives_it(agent, t
     assert (run_dir / "worker-0.status").read_text() == "0"
     assert (run_dir / "worker-0.log").read_text() == "done\n"
     wait_for(lambda: not pid_alive(sup), 10, "the supervisor to end")
+
+
+def test_a_task_starts_as_popen_started_it(agent, tmp_path):
+    """The supervisor forks and execs the task's shell itself (no subprocess): the task gets
+    SIGPIPE back at its default, none of the supervisor's descriptors (its port claim), and a
+    missing cwd fails its start with the error Popen gave, exit 127."""
+    run_dir, port = tmp_path / "run", free_port_block(1)
+    start(agent, run_dir, [
+        {"name": "worker-0", "port": port, "await_listening": False,
+         "command": "yes | head -n 1; ls -l /proc/$$/fd | grep -c tfcluster || true"},
+        {"name": "worker-1", "command": "echo never", "cwd": str(tmp_path / "missing")}])
+    exits = exit_codes(agent, 2)
+    assert exits == {"worker-0": 0, "worker-1": 127}
+    # With SIGPIPE ignored, `yes` would go on and complain of a broken pipe.
+    assert outputs(agent, "worker-0") == "y\n0\n"
+    assert outputs(agent, "worker-1") == "tfcluster agent: cannot start task: [Errno 2] No " \
+        "such file or directory: '%s'\n" % (tmp_path / "missing")
+    assert (run_dir / "worker-1.status").read_text() == "127"
 
 
 def test_stop_kills_the_whole_process_group(agent, tmp_path):
@@ -334,3 +358,16 @@ def test_cached_code_hash_follows_every_change(tmp_path):
     assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == hostcode.code_hash(str(code)) != second
     os.remove(code / "trainers" / "b.py")
     assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == second
+
+
+def test_the_agent_without_site_finds_tensorflow_where_a_plain_start_would():
+    """The agent starts with -S (no site): its preflight still looks TensorFlow up in-process,
+    in the folders site would add, and finds what the interpreter's plain start imports."""
+    from tfcluster_agent.hostinfo import LOCATE_TENSORFLOW
+    plain = subprocess.run([sys.executable, "-c", LOCATE_TENSORFLOW + "print(found)"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    without_site = subprocess.run(
+        [sys.executable, "-S", "-c", "import sys; sys.path.insert(0, %r); from tfcluster_agent "
+         "import hostinfo; print(hostinfo.locate_tensorflow())" % REPO],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert plain and without_site == plain

@@ -226,3 +226,25 @@ def test_code_deployed_before_the_agent_had_a_main_asks_for_a_deploy(tmp_path):
     with pytest.raises(HostError, match="older than this controller's: run ansible-playbook "
                                         "playbooks/deploy.yml"):
         AgentLink(machine, queue.Queue()).open(timeout=30)
+
+
+def test_a_launch_refused_after_its_local_agents_started_ends_them(tmp_path, capsys,
+                                                                   monkeypatch):
+    """The local agents start before the launcher's modules are imported (cli.planned_launch):
+    a launch refused after that (its run id taken) ends them before it returns."""
+    from conftest import local_inventory_text
+    from tfcluster.hosts import Hosts
+    inventory = tmp_path / "local.yml"
+    inventory.write_text(local_inventory_text(str(tmp_path / "work"), workers=2, ps=0))
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    started = []
+    spawn_local = Hosts.spawn_local
+
+    def spawned(hosts):
+        spawn_local(hosts)
+        started.extend(link._proc for link in hosts.links.values())
+    monkeypatch.setattr(Hosts, "spawn_local", spawned)
+    code, out, err = run(capsys, "--runs-dir", str(tmp_path / "runs"), "launch", "--cmd", "true",
+                         "-i", str(inventory), "--ps", "0", "--run-id", "taken")
+    assert code == 2 and "run taken already exists" in err, (out, err)
+    assert started and all(proc is not None and proc.poll() is not None for proc in started)

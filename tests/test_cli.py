@@ -69,3 +69,24 @@ def test_readme_quick_start_commands():
     commands = [line.strip() for line in readme.split("## Quick start", 1)[1].splitlines()
                 if line.strip().startswith("make ")]
     assert commands[:2] == ["make demo", "make test"]
+
+
+def test_a_command_parsed_alone_reads_as_with_every_command_built(capsys):
+    """main builds only the named command's arguments (cliparse.named_command): every command's help
+    and the top-level help read the same as from the parser with every command built."""
+    from tfcluster import cli
+
+    def named(argv):
+        return cli.named_command(argv, cli.COMMANDS)
+    assert named(["--runs-dir", "launch", "status"]) == "status"
+    assert named(["--runs", "stop", "logs"]) == "logs"  # an abbreviated option
+    assert named(["--runs-dir=stop", "launch"]) == "launch"
+    assert named(["--help"]) is None and named(["nope"]) is None
+    for argv in [["--help"]] + [[name, "--help"] for name in cli.COMMANDS] + [["data", "fetch",
+                                                                               "--help"]]:
+        helps = []
+        for only in (None, named(argv)):
+            with pytest.raises(SystemExit):
+                cli.build_parser(only).parse_args(argv)
+            helps.append(capsys.readouterr().out)
+        assert helps[0] == helps[1] and helps[0], argv

@@ -2,7 +2,6 @@
 `tfcluster gpus`. No GPU needed: tests/programs/nvidia-smi answers nvidia-smi's query interface
 from a state file each test writes (fresh GPU UUIDs each time, so claims never collide with
 another test session's)."""
-import dataclasses
 import json
 import multiprocessing
 import os
@@ -24,6 +23,7 @@ from tfcluster.record import PreflightReport
 from tfcluster.spec import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
 from tfcluster_agent import protocol as P
+from tfcluster_agent.values import replace
 
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
 FAKE_TASK = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
@@ -241,7 +241,7 @@ def test_fewer_gpus_than_the_inventory_says_and_differing_drivers(fake_gpus, smi
         "(nvidia-smi -L; a board may have fallen off the bus) or fix tfcluster_gpu_count"]
     assert gpus.warnings(cluster, reports) == []
     remote = local_slots(1, address="127.0.0.1")[0]
-    two = build_cluster(local_slots(1) + [dataclasses.replace(remote, name="worker1")])
+    two = build_cluster(local_slots(1) + [replace(remote, name="worker1")])
     reports = reports_for(two)
     other = [m for m, _ in two.machines()][1]
     reports[other.key].gpu_facts = dict(reports[other.key].gpu_facts, driver="535.183.01")

@@ -1,3 +1,3 @@
-from tfcluster.cli import main
+from tfcluster.cli import run
 
-raise SystemExit(main())
+run()

@@ -3,11 +3,8 @@ import functools
 import json
 import os
 import shlex
-from dataclasses import dataclass
-
-import yaml
-
 from tfcluster.errors import UsageError
+from tfcluster_agent.values import value_class
 
 POLICIES = ("chief", "worker0", "all_workers")
 # Read by the controller alone, so it is no host code: editing it makes no host stale.
@@ -25,7 +22,7 @@ def code_root():
     return os.path.dirname(trainers_dir())
 
 
-@dataclass(frozen=True)
+@value_class(frozen=True)
 class Example:
     name: str
     description: str
@@ -46,6 +43,7 @@ class Example:
 
 
 def load_catalog(path=None):
+    import yaml  # here: a --cmd launch reads no catalog
     path = path or CATALOG
     with open(path) as handle:
         entries = yaml.safe_load(handle) or {}

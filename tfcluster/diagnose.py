@@ -7,7 +7,8 @@ TensorFlow while another is stuck outside it, or has exited, that other one is t
 import re
 import signal
 import time
-from dataclasses import dataclass
+
+from tfcluster_agent.values import value_class
 
 TRAINING_JOBS = ("chief", "worker")
 FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
@@ -18,7 +19,7 @@ LIBRARY_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python")
 TENSORFLOW_PARTS = ("/tensorflow/", "/keras/", "/tf_keras/")
 
 
-@dataclass(frozen=True)
+@value_class(frozen=True)
 class Frame:
     function: str
     file: str

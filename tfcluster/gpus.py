@@ -7,10 +7,10 @@ growth on. A GPU that is unhealthy, in MIG mode, busy (another process computes 
 memory) or claimed by another tfcluster run is never handed out; a GPU whose facts nvidia-smi
 could not give is handed out with a warning (README "Shared GPU servers").
 """
-import dataclasses
 import re
 
 from tfcluster.errors import Problem
+from tfcluster_agent.values import replace
 
 TRAINING_JOBS = ("chief", "worker")
 GPU_LINE = re.compile(r"^GPU (\d+):")
@@ -155,7 +155,7 @@ def assign(cluster, reports, share=False):
             else:
                 share = [free[i % len(free)]] if free else []
             chosen[task.label] = ",".join(map(str, share))
-    return Cluster([dataclasses.replace(t, cuda_visible_devices=chosen.get(
+    return Cluster([replace(t, cuda_visible_devices=chosen.get(
         t.label, t.cuda_visible_devices if t.cuda_visible_devices is not None else ""))
         for t in cluster.tasks])
 

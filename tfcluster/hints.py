@@ -1,5 +1,6 @@
 """One line of advice for known failures: after a failed run, the failed tasks' logs are matched
 against a small table, and each hint whose patterns all appear is printed once."""
+import functools
 import os
 import re
 
@@ -23,7 +24,10 @@ HINTS = (
      "TF_USE_LEGACY_KERAS=1 needs the tf-keras package: deploy again (`tfcluster deploy`) "
      "or pip install tf-keras at the TensorFlow version"),
 )
-COMPILED = tuple((tuple(re.compile(p) for p in patterns), hint) for patterns, hint in HINTS)
+@functools.lru_cache(maxsize=1)
+def compiled():
+    """HINTS' patterns compiled, when a failed run first needs them."""
+    return tuple((tuple(re.compile(p) for p in patterns), hint) for patterns, hint in HINTS)
 
 
 def read_tail(path):
@@ -38,7 +42,7 @@ def read_tail(path):
 def hints_for(texts):
     """The hints, in table order and each once, whose patterns all match one of TEXTS."""
     found = []
-    for patterns, hint in COMPILED:
+    for patterns, hint in compiled():
         if hint not in found and any(all(p.search(text) for p in patterns) for text in texts):
             found.append(hint)
     return found

@@ -9,12 +9,12 @@ import collections
 import os
 import queue
 import shlex
-import socket
 import subprocess
 import threading
 import time
 
 from tfcluster.errors import TfclusterError
+from tfcluster.ssh import ssh_connection
 from tfcluster_agent import protocol as P
 
 REPLIES = (P.Report, P.Accepted, P.Attached, P.Stopped, P.Collected, P.File, P.Error)
@@ -55,9 +55,20 @@ class AgentLink:
         FIRST, a request, goes out at once behind the start (its reply: `reply_to`), so that
         starting the agent and its first answer cost one round trip, not two."""
         timeout = timeout or self.machine.connect_timeout + 20
-        # The package folder, not agent.py: its __main__ keeps the agent's compiled code in the
-        # user's cache; -B: none next to the deployed code (__main__ itself is not cached).
-        argv = [self.machine.python, "-B", os.path.dirname(self.agent_path), "serve"]
+        if not self._readers:
+            self.spawn()
+        if first is not None:
+            self.send(first)
+        reply = self._wait_reply(timeout, "to start its agent")
+        if not isinstance(reply, P.Hello):
+            raise HostError(self.machine, "the agent answered %r instead of hello" % (reply,))
+        self.hello = reply
+        return self
+
+    def spawn(self):
+        """Start the agent (for a remote machine: connect and start it) without waiting for its
+        hello; HostError when it cannot be started."""
+        argv = agent_argv(self.machine.python, os.path.dirname(self.agent_path))
         try:
             if self.machine.is_local:
                 # Its own session: a Ctrl-C in this terminal is the launcher's to handle.
@@ -65,7 +76,7 @@ class AgentLink:
                                               stderr=subprocess.PIPE, start_new_session=True)
                 stdout, stderr = self._proc.stdout, self._proc.stderr
             else:
-                self._connection = _ssh_connection(self.machine)
+                self._connection = ssh_connection(self.machine)
                 self._connection.open()
                 transport = self._connection.client.get_transport()
                 transport.set_keepalive(5)
@@ -84,13 +95,6 @@ class AgentLink:
                          threading.Thread(target=self._drain_stderr, args=(stderr,), daemon=True)]
         for reader in self._readers:
             reader.start()
-        if first is not None:
-            self.send(first)
-        reply = self._wait_reply(timeout, "to start its agent")
-        if not isinstance(reply, P.Hello):
-            raise HostError(self.machine, "the agent answered %r instead of hello" % (reply,))
-        self.hello = reply
-        return self
 
     def _read(self, stream):
         try:
@@ -105,7 +109,7 @@ class AgentLink:
                     self.replies.put(msg)
                 elif not isinstance(msg, P.Heartbeat):
                     self.events.put((self.machine.key, msg))
-        except (OSError, socket.error, EOFError):
+        except (OSError, EOFError):  # socket.error is OSError
             pass
         finally:
             _close_quietly(stream)  # its end: nothing else reads it
@@ -117,7 +121,7 @@ class AgentLink:
         try:
             for raw in stream:
                 self._stderr.append(raw.decode("utf-8", "replace").rstrip())
-        except (OSError, socket.error, EOFError):
+        except (OSError, EOFError):  # socket.error is OSError
             pass
         finally:
             _close_quietly(stream)
@@ -138,13 +142,14 @@ class AgentLink:
         code = self._proc.poll() if self._proc is not None else (
             self._channel.recv_exit_status() if self._channel is not None and
             self._channel.exit_status_ready() else None)
-        # Python names the script it cannot open: that is no agent, not no Python.
-        if "can't open file" in err:
+        # No package there: no agent, not no Python.
+        if "No module named 'tfcluster_agent'" in err:
             return ("no tfcluster agent at %s: run ansible-playbook playbooks/deploy.yml "
                     "(or `tfcluster sync` where the venv is there)" % self.agent_path)
         if code == 127 or ("No such file or directory" in err and self.machine.python in err):
             return no_python(self.machine)
-        if "can't find '__main__' module" in err:  # code deployed before the agent had one
+        if "No module named 'tfcluster_agent." in err or "has no attribute 'main'" in err:
+            # code deployed before the agent had its command line
             return ("the tfcluster code at %s is older than this controller's: run "
                     "ansible-playbook playbooks/deploy.yml (or `tfcluster sync`)"
                     % os.path.dirname(self.agent_path))
@@ -217,6 +222,20 @@ class AgentLink:
             reader.join(1)
 
 
+# The agent's package from the folder named after the code (sys.argv[1]); tfcluster_agent.main
+# keeps its compiled code in the user's cache.
+AGENT_BOOT = ("import os,sys;sys.path[0]=os.path.dirname(sys.argv[1]);import tfcluster_agent;"
+              "tfcluster_agent.main(sys.argv[2:])")
+
+
+def agent_argv(python, package_dir):
+    """How a launch starts the agent: -B, no compiled code next to the deployed code; -S, no
+    `site`, whose .pth files cost a start 10-30 ms (the agent is standard library only; its
+    preflight finds the site folders itself, hostinfo.py); -c, not the package's __main__, whose
+    runpy costs another 4 ms. `ps` shows it as PACKAGE_DIR serve."""
+    return [python, "-B", "-S", "-c", AGENT_BOOT, package_dir, "serve"]
+
+
 def channel_lines(recv):
     """The lines (bytes) RECV (a channel's recv or recv_stderr) delivers, until its end."""
     pending = bytearray()
@@ -254,7 +273,7 @@ def missing_ssh_file(err):
 def describe_connection_error(err, machine):
     name = type(err).__name__
     text = str(err) or name
-    if isinstance(err, socket.timeout) or "timed out" in text.lower():
+    if isinstance(err, TimeoutError) or "timed out" in text.lower():  # socket.timeout is one
         return ("cannot connect within %gs (tfcluster_connect_timeout): is the host up and "
                 "reachable on port %d?" % (machine.connect_timeout, machine.ssh_port))
     if name == "AuthenticationException":
@@ -266,26 +285,6 @@ def describe_connection_error(err, machine):
     if name == "NoValidConnectionsError" or isinstance(err, ConnectionRefusedError):
         return "connection refused on port %d: is sshd running?" % machine.ssh_port
     return "%s: %s" % (name, text)
-
-
-def _ssh_connection(machine):
-    import fabric
-    import paramiko
-    connect_kwargs = {"banner_timeout": machine.connect_timeout,
-                      "auth_timeout": machine.connect_timeout}
-    if machine.key_file:
-        connect_kwargs["key_filename"] = os.path.expanduser(machine.key_file)
-    connection = fabric.Connection(machine.address, user=machine.user, port=machine.ssh_port,
-                                   connect_timeout=machine.connect_timeout,
-                                   connect_kwargs=connect_kwargs)
-    # Host key checking stays on: Fabric's default policy would add unknown keys silently.
-    connection.client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    known = os.path.expanduser("~/.ssh/known_hosts")
-    if os.path.exists(known):
-        connection.client.load_host_keys(known)
-    if machine.known_hosts:
-        connection.client.load_host_keys(os.path.expanduser(machine.known_hosts))
-    return connection
 
 
 class Outcomes:
@@ -355,6 +354,16 @@ class Hosts:
             if key not in outcomes.succeeded and key not in outcomes.failed:
                 outcomes.failed[key] = HostError(link.machine, "no answer within %gs" % timeout)
         return outcomes
+
+    def spawn_local(self):
+        """Start the local machines' agents now (a process each, no waiting); one that cannot
+        start says why when its link is opened."""
+        for link in self.links.values():
+            if link.machine.is_local:
+                try:
+                    link.spawn()
+                except HostError:
+                    pass
 
     def start_pinging(self):
         """A ping a second to every agent: the lease of an attached run."""

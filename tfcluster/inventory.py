@@ -4,18 +4,18 @@ Groups are TensorFlow job names. Every inventory host in a job group is one slot
 may point at the same machine through `ansible_host`.
 """
 import contextlib
-import hashlib
 import io
 import math
 import os
 import pickle
 import re
 import sys
-from dataclasses import dataclass, field
 
 from tfcluster import sshfiles
 from tfcluster.errors import UsageError
 from tfcluster_agent import clusterspec
+from tfcluster_agent.hostcode import sha256
+from tfcluster_agent.values import field, value_class
 
 JOBS = ("chief", "worker", "ps", "evaluator")
 DEFAULT_ROOT = "/opt/tfcluster"
@@ -34,7 +34,7 @@ def default_root(user, become=False):
     return "/home/%s/tfcluster" % user
 
 
-@dataclass(frozen=True)
+@value_class(frozen=True)
 class Machine:
     """How to reach one machine: enough to open a connection and find tfcluster there.
 
@@ -91,7 +91,7 @@ class Machine:
         return dict(self.__dict__)
 
 
-@dataclass(frozen=True)
+@value_class(frozen=True)
 class Slot:
     name: str
     job: str
@@ -195,10 +195,10 @@ def _inventory_files(path):
 def _cache_key(path):
     if not path or not os.path.exists(path):
         return None
-    digest = hashlib.sha256()
+    digest = sha256()
     try:
-        import importlib.util
-        ansible = importlib.util.find_spec("ansible")  # its version, without importing it
+        from importlib.machinery import PathFinder
+        ansible = PathFinder.find_spec("ansible")  # its version, without importing it
         with open(os.path.join(os.path.dirname(ansible.origin), "release.py"), "rb") as handle:
             ansible_version = handle.read()
         with open(__file__, "rb") as handle:
@@ -214,7 +214,7 @@ def _cache_key(path):
                 content = handle.read()
             if VOLATILE.search(content):
                 return None
-            digest.update(name.encode() + b"\0" + hashlib.sha256(content).digest())
+            digest.update(name.encode() + b"\0" + sha256(content).digest())
     except OSError:
         return None
     return digest.hexdigest()[:32]

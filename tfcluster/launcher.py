@@ -8,32 +8,29 @@ import shutil
 import signal
 import threading
 import time
-from dataclasses import dataclass, field, replace
 
 from tfcluster import gpuqueue, proxy, runs, sharing
-from tfcluster.catalog import check_templates
-from tfcluster.diagnose import collective_abort_cause
 from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
 from tfcluster.hosts import Hosts
-from tfcluster.inventory import JOBS
 from tfcluster.metrics import MetricsStore, efficiency_message
 from tfcluster.monitor import Monitor, describe_exit, first_failure, policy_met, tracked
+from tfcluster.plan import launch_counts, make_cluster
 from tfcluster.plot import draw_in_background
 from tfcluster.preflight import controller_code_hash, preflight, print_preflight
 from tfcluster.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
 from tfcluster.report import PlainReporter
-from tfcluster.spec import build_cluster
 from tfcluster.stall import StallFollower
 from tfcluster.taskenv import data_needs, host_run_dir, task_specs, thread_plan
 from tfcluster.teardown import finish, stop_tasks, write_task_records
 from tfcluster_agent import protocol as P
+from tfcluster_agent.values import field, replace, value_class
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once
 
 
-@dataclass(frozen=True)
+@value_class(frozen=True)
 class LaunchOptions:
     example: object
     runs_dir: str = "runs"
@@ -237,8 +234,8 @@ class Launch:
             self.monitor.pump(0)
         for machine, mine in self.cluster.machines():
             # Programs may tell a restart from a first start (e.g. to skip a start barrier).
-            specs = [replace(self.specs[t.label], env=dict(self.specs[t.label].env,
-                                                           TFCLUSTER_RESTARTS=str(count))).to_json()
+            specs = [self.specs[t.label].replace(env=dict(self.specs[t.label].env,
+                                                          TFCLUSTER_RESTARTS=str(count))).to_json()
                      for t in mine if t in tasks]
             if specs:
                 self.hosts.link(machine).request(
@@ -291,6 +288,7 @@ class Launch:
                     message = "%s on %s %s before it listened on %s" % (
                         task.label, task.machine.address,
                         describe_exit(monitor.states[task.label]), task.address)
+                from tfcluster.diagnose import collective_abort_cause  # a failure's: its regexes
                 message = collective_abort_cause(cluster, monitor.states, monitor.ended_at, task,
                                                  monitor.tails[task.label]) or message
                 return RunFailed(message, task=task), []
@@ -322,15 +320,15 @@ class Launch:
                 return RunInterrupted("interrupted by %s" % self.stop_reason), []
 
 
-def launch(inventory_path, options, load_slots, reporter=None):
-    """Build the cluster for OPTIONS.example from the inventory and run it."""
+def launch(inventory_path, options, load_slots, reporter=None, planned=None):
+    """Build the cluster for OPTIONS.example from the inventory and run it. PLANNED: (cluster,
+    Hosts whose local agents are starting) made for it already, before this module's imports."""
+    if planned is not None:
+        cluster, hosts = planned
+        return Launch(cluster, options, inventory_path, reporter, hosts=hosts).run()
     slots = load_slots(inventory_path)
     example = options.example
-    if example.name == "custom":
-        counts = dict(options.counts)
-    else:
-        counts = {job: example.topology.get(job, 0) for job in JOBS}
-        counts.update(options.counts)
+    counts = launch_counts(example, options.counts)
     if not options.baseline:
         return Launch(make_cluster(inventory_path, slots, counts, example), options,
                       inventory_path, reporter).run()
@@ -366,17 +364,3 @@ def efficiency_lines(base, main):
     cores = sum(e.intra_op_threads for _, e in training(main)) / max(
         1, sum(e.intra_op_threads for _, e in training(base)))
     return efficiency_message(throughput(main), throughput(base), cores)
-
-
-def make_cluster(inventory_path, slots, counts, example):
-    have = {s.job for s in slots}
-    for job, wanted in counts.items():
-        if wanted and job not in have:
-            raise UsageError("inventory %s has no [%s] group but %s needs %s %s task(s): add one"
-                             % (inventory_path, job, example.name, wanted, job))
-    cluster = build_cluster(slots, counts, example.task_per_gpu)
-    if not cluster.job_tasks("worker") and not cluster.job_tasks("chief"):
-        raise UsageError("inventory %s has no [worker] or [chief] hosts: nothing would train"
-                         % inventory_path)
-    check_templates(example, cluster)
-    return cluster

@@ -24,7 +24,7 @@ def cluster_from_record(record):
     machines = {}
     for entry in record.machines:
         machine = Machine(**{k: v for k, v in entry.settings.items()
-                             if k in Machine.__dataclass_fields__})
+                             if k in Machine.field_names})
         machines[machine.key] = machine
     return Cluster(Task(entry.job, entry.index, entry.slot, machines[entry.machine], entry.port,
                         entry.cuda_visible_devices) for entry in record.tasks.values())

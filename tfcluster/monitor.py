@@ -5,7 +5,6 @@ The monitor is the only writer of task state: the agents' events, the restarts t
 decides and the attach answers of status/logs/stop all go through it, and so do the task entries
 of the run's record."""
 import collections
-import dataclasses
 import os
 import queue
 import signal
@@ -17,6 +16,7 @@ from tfcluster.causes import Causes
 from tfcluster.hosts import CLOSED
 from tfcluster.record import RestartEntry, RunState, TaskState, TaskStatus, check_transition
 from tfcluster_agent import protocol as P
+from tfcluster_agent.values import as_dict, replace
 
 TRACKED_JOBS = ("chief", "worker")
 TAIL_LINES = 20
@@ -97,7 +97,7 @@ class Monitor:
     def _set(self, task, **changes):
         """The one place a task's state changes (checked against TaskState's transitions)."""
         old = self._states.get(task.label)
-        new = dataclasses.replace(old or TaskStatus(), **changes)
+        new = replace(old or TaskStatus(), **changes)
         check_transition(task.label, old.state if old else None, new.state)
         self._states[task.label] = new
         return new
@@ -112,7 +112,7 @@ class Monitor:
         for task in self.cluster.tasks:
             if task.label in answers:
                 answer = TaskStatus.from_agent(answers[task.label])
-                self._set(task, **dataclasses.asdict(answer))
+                self._set(task, **as_dict(answer))
 
     def restarting(self, task):
         self._set(task, state=TaskState.RESTARTING, alive=True, exit=None)

@@ -5,7 +5,7 @@ tfcluster_agent/taskspec.py.)
 """
 import enum
 import os
-from dataclasses import dataclass, field, fields
+from tfcluster_agent.values import field, fields, value_class
 
 FORMAT_VERSION = 2  # 1: the untyped records before this module (no "format" key)
 
@@ -64,7 +64,7 @@ def check_transition(label, old, new):
     return new
 
 
-@dataclass
+@value_class
 class TaskStatus:
     """A task as the monitor knows it."""
     state: TaskState = TaskState.PENDING
@@ -79,7 +79,7 @@ class TaskStatus:
                    exit=answer.get("exit"), pid=answer.get("pid"))
 
 
-@dataclass
+@value_class
 class PreflightReport:
     """A machine's preflight answer. A new fact is one field here (with a default)."""
     python_ok: bool = False
@@ -125,7 +125,7 @@ def machine_key(settings):
             int(settings.get("ssh_port", 22)), settings.get("user"))
 
 
-@dataclass
+@value_class
 class MachineRecord:
     settings: dict                                   # inventory.Machine.to_dict()
     facts: dict = field(default_factory=dict)        # RECORDED_FACTS from its preflight
@@ -145,7 +145,7 @@ class MachineRecord:
                    {k: data[k] for k in RECORDED_FACTS if k in data})
 
 
-@dataclass
+@value_class
 class TaskRecord:
     job: str
     index: int
@@ -198,7 +198,7 @@ class TaskRecord:
         return cls(**values)
 
 
-@dataclass
+@value_class
 class RestartEntry:
     task: str
     why: str
@@ -237,7 +237,7 @@ RUN_TRANSITIONS = {RunState.STARTING: RUN_ENDINGS | {RunState.WAITING, RunState.
 RUN_TRANSITIONS.update({state: frozenset() for state in RUN_ENDINGS})
 
 
-@dataclass
+@value_class
 class RunRecord:
     """runs/<run-id>/run.json."""
     id: str

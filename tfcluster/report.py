@@ -9,6 +9,7 @@ the log files but are not shown unless `verbose`. Raw TFCLUSTER_METRIC lines are
 the plain reporter prints each point as a short readable line instead; TFCLUSTER_RESULT lines are
 shown as they are (they are the task's final word, and scripts grep for them).
 """
+import functools
 import re
 import sys
 import threading
@@ -16,7 +17,7 @@ import threading
 from tfcluster_agent.protocol import parse_line
 
 # Each is harmless and says nothing about the run; matched anywhere in the line.
-NOISE = [re.compile(pattern) for pattern in (
+NOISE = (
     # oneDNN and CPU instruction notices at import (and the notice's second line).
     r"oneDNN custom operations are on",
     r"cpu_feature_guard\.cc",
@@ -53,11 +54,18 @@ NOISE = [re.compile(pattern) for pattern in (
     # Grappler's placement notes.
     r"devices\.cc.*Number of eligible GPUs",
     r"single_machine\.cc.*Starting new session",
-)]
+)
+
+
+@functools.lru_cache(maxsize=1)
+def noise_pattern():
+    """NOISE as one pattern, compiled at the first line a task prints (a launch whose tasks print
+    nothing never pays for it)."""
+    return re.compile("|".join("(?:%s)" % pattern for pattern in NOISE))
 
 
 def is_noise(line):
-    return any(pattern.search(line) for pattern in NOISE)
+    return noise_pattern().search(line) is not None
 
 
 # A TensorFlow log message goes on over several lines, without the log prefix, when it prints

@@ -7,17 +7,17 @@ machines no firewall fences.
 - A machine without the firewall role's fence is named once per launch: TensorFlow's servers
   listen on every address and run any graph they are sent.
 """
-import json
 import os
-import re
-import secrets
-import threading
-from dataclasses import replace
 
 from tfcluster.spec import Cluster
-from tfcluster_agent import shares
+from tfcluster_agent.values import replace
 
-UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+# What a folder's name may hold; the rest becomes "_".
+SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def safe_name(text):
+    return "".join(c if c in SAFE else "_" for c in text)
 
 
 def shared_groups(machines, tokens):
@@ -34,9 +34,9 @@ def shared_groups(machines, tokens):
 def subfolder_names(group, reports):
     """{machine key: its folder's name} inside a run folder GROUP's machines share: the host
     name each one's agent reported, else (unknown, or two alike) its address."""
-    names = {m.key: UNSAFE.sub("_", reports[m.key].hostname or "") for m in group}
+    names = {m.key: safe_name(reports[m.key].hostname or "") for m in group}
     if len(set(names.values())) < len(group) or not all(n.strip("._") for n in names.values()):
-        names = {m.key: UNSAFE.sub("_", m.label) for m in group}
+        names = {m.key: safe_name(m.label) for m in group}
     return names
 
 
@@ -60,7 +60,7 @@ def launch_token(cluster):
     first machine of the launch makes the folder, the others find it made by this launch."""
     if not any(m.run_subdir for m, _ in cluster.machines()):
         return ""
-    return "%d-%s" % (os.getpid(), secrets.token_hex(8))
+    return "%d-%s" % (os.getpid(), os.urandom(8).hex())
 
 
 def port_span(ports):
@@ -95,6 +95,9 @@ def one_writer_per_root(targets):
     unreachable}): of targets whose tfcluster_root is one folder (the marker deploy.yml made
     there), only the first writes, so a shared home gets the code once, from one writer. A
     target whose marker cannot be read (an older deploy's root) writes."""
+    import json
+    import threading
+    from tfcluster_agent import shares
     with open(shares.__file__) as handle:
         source = handle.read()
     tokens, failed = {}, {}

@@ -1,17 +1,17 @@
 """The cluster model: tasks with addresses, rendered as TF_CONFIG, classic flags or dist_test string."""
 import json
-from dataclasses import dataclass
 
 from tfcluster.errors import UsageError
 from tfcluster.inventory import JOBS, Machine
 from tfcluster_agent import clusterspec, protocol
 from tfcluster_agent.clusterspec import format_cluster_spec
+from tfcluster_agent.values import value_class
 
 # Jobs that run a gRPC server and so appear in the cluster; an evaluator only reads checkpoints.
 SERVER_JOBS = ("chief", "worker", "ps")
 
 
-@dataclass(frozen=True)
+@value_class(frozen=True)
 class Task(protocol.TaskNames):
     job: str
     index: int
@@ -38,14 +38,22 @@ class Task(protocol.TaskNames):
 class Cluster:
     def __init__(self, tasks):
         self.tasks = list(tasks)
+        self._jobs = None  # (the tasks' ids, jobs()) as last computed
+
+    def _server_jobs(self):
+        key = tuple(map(id, self.tasks))
+        if self._jobs is None or self._jobs[0] != key:
+            self._jobs = (key, {job: [t.address for t in self.job_tasks(job)]
+                                for job in SERVER_JOBS if self.job_tasks(job)})
+        return self._jobs[1]
 
     def job_tasks(self, job):
         return [t for t in self.tasks if t.job == job]
 
     def jobs(self):
-        """{job: [host:port, ...]} for the jobs that run servers, in a stable order."""
-        return {job: [t.address for t in self.job_tasks(job)]
-                for job in SERVER_JOBS if self.job_tasks(job)}
+        """{job: [host:port, ...]} for the jobs that run servers, in a stable order. Built once
+        for the tasks: every task's TF_CONFIG and flags hold it (128 tasks built it 128 times)."""
+        return {job: list(addresses) for job, addresses in self._server_jobs().items()}
 
     def tf_config(self, task):
         return {"cluster": self.jobs(), "task": {"type": task.job, "index": task.index}}

@@ -7,7 +7,6 @@ does no work in the window. Once a task's rate has stayed under half the median 
 peers' for AFTER seconds, it is marked (the live view's row, a console line) until it catches up,
 and the run's summary names it.
 """
-import statistics
 import time
 
 
@@ -67,6 +66,7 @@ class StragglerWatch:
         return found, measure
 
     def tick(self, now=None):
+        import statistics  # here: the CLI imports this module for every command (decimal, random)
         now = now or time.time()
         rates, measure = self.rates(now)
         for label, rate in rates.items():

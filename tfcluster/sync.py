@@ -26,7 +26,8 @@ import time
 from tfcluster import sharing
 from tfcluster.catalog import code_root
 from tfcluster.errors import PreflightError, UsageError
-from tfcluster.hosts import _ssh_connection, describe_connection_error, no_python
+from tfcluster.hosts import describe_connection_error, no_python
+from tfcluster.ssh import ssh_connection
 from tfcluster_agent.hostcode import code_hash, definition, packages, skipped
 
 # The folder under tfcluster_root that receives the user's own code.
@@ -163,7 +164,7 @@ class Target:
             return proc.returncode, proc.stdout, proc.stderr
         if self._connection is None:
             try:
-                self._connection = _ssh_connection(self.machine)
+                self._connection = ssh_connection(self.machine)
                 self._connection.open()
             except Exception as err:  # paramiko, socket and OS errors all mean "unreachable"
                 raise SyncError(describe_connection_error(err, self.machine)) from None

@@ -63,7 +63,7 @@ class Agent(ReachRequests):
         self._claims = None
         self._gpu_claims = None
         self.send_lock = _thread.allocate_lock()
-        self.stopping = None  # (done event, names, ports, result, deadline)
+        self.stopping = None  # (done event or None, names, ports, result, deadline)
         self.stalls = None    # a stall.StallWatch once the controller asks for one
         # A stop thread that is done writes here, so the loop answers at once, not a tick later.
         self.wake_read, self.wake_write = os.pipe()
@@ -119,6 +119,7 @@ class Agent(ReachRequests):
         from tfcluster_agent.shares import preflight_facts
         report.update(preflight_facts(msg.workdir, msg.fence_file))
         self.send(P.Report(report=report))
+        from tfcluster_agent import taskspec  # noqa: F401  the start's, while records are written
 
     def on_claim_gpus(self, msg):
         self.send(P.Report(report=self.gpu_claims.claim(msg.gpus, msg.run, msg.wait)))
@@ -148,7 +149,8 @@ class Agent(ReachRequests):
             self._start(msg, specs)
         except BaseException:  # a start that failed keeps no claim it took
             self.claims.release(keep=before)
-            self.gpu_claims.release()
+            if self._gpu_claims is not None:
+                self._gpu_claims.release()
             raise
         # The agent keeps the GPU claims for the run's life (a restarted task finds its GPUs
         # still its own); each task's supervisor holds its own too, for a detached run.
@@ -176,7 +178,7 @@ class Agent(ReachRequests):
                 os.unlink(os.path.join(self.run_dir, name + ".status"))
                 os.unlink(os.path.join(self.run_dir, name + ".pid"))
             claim = self.claims.take(spec.port)
-            gpu_claims = self.gpu_claims.take(spec.gpu_uuids)
+            gpu_claims = [] if self._gpu_claims is None else self._gpu_claims.take(spec.gpu_uuids)
             try:
                 proc = S.fork(self.run_dir, name, self.lease, spec, keep_fd=claim,
                               keep_fds=gpu_claims)
@@ -211,7 +213,12 @@ class Agent(ReachRequests):
             return
         names = [n for n in (msg.names or list(self.tasks) or S.task_names(self.run_dir))
                  if is_task_name(n)]
-        result = {}
+        # A task whose exit was sent has its status written: nothing of it to stop or wait for.
+        result = {n: "not running" for n in names if n in self.tasks and self.tasks[n].exit_sent}
+        ports, deadline = [int(p) for p in msg.ports], time.monotonic() + msg.grace + 15
+        if len(result) == len(names):
+            self.stopping = (None, names, ports, result, deadline)  # no thread to wait for
+            return
         import threading
 
         def stop_all():
@@ -224,7 +231,8 @@ class Agent(ReachRequests):
                         time.monotonic() < deadline:
                     time.sleep(0.02)
                 result[name] = S.stop_task(self.run_dir, name, msg.grace)
-            threads = [threading.Thread(target=stop_one, args=(n,)) for n in names]
+            threads = [threading.Thread(target=stop_one, args=(n,)) for n in names
+                       if n not in result]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -237,8 +245,7 @@ class Agent(ReachRequests):
 
         done = threading.Event()
         threading.Thread(target=stop_all, daemon=True).start()
-        self.stopping = (done, names, [int(p) for p in msg.ports], result,
-                         time.monotonic() + msg.grace + 15)
+        self.stopping = (done, names, ports, result, deadline)
 
     def on_watch_stalls(self, msg):
         from tfcluster_agent.stall import StallWatch
@@ -249,13 +256,13 @@ class Agent(ReachRequests):
         answer_take_stacks(msg, self.send)
 
     def on_collect(self, msg):
-        import base64
         count = 0
         for folder in msg.folders if self.run_dir else ():
             top = os.path.join(self.run_dir, folder)
             for root, _, files in os.walk(top):
                 for name in sorted(files):
                     path = os.path.join(root, name)
+                    import base64  # only for a run that has files to send
                     with open(path, "rb") as handle:
                         data = base64.b64encode(handle.read()).decode()
                     self.send(P.File(path=os.path.relpath(path, self.run_dir), data=data))
@@ -330,7 +337,7 @@ class Agent(ReachRequests):
 
     def _finish_stop(self):
         done, names, ports, result, deadline = self.stopping
-        if not done.is_set():
+        if done is not None and not done.is_set():
             return
         ours = [self.tasks[n] for n in names if n in self.tasks]
         if any(not t.exit_sent for t in ours) and time.monotonic() < deadline:

@@ -4,7 +4,6 @@ controller (`tfcluster spec`) and the trainers (--cluster_spec). Standard librar
 Grammar (tensorflow/tools/dist_test, grpc_tensorflow_server.py): SPEC = JOB(,JOB)*,
 JOB = NAME|HOST:PORT(;HOST:PORT)*, NAME = [a-z][0-9a-z]*.
 """
-import ipaddress
 import re
 
 JOB_NAME = re.compile(r"^[a-z][0-9a-z]*$")
@@ -20,12 +19,13 @@ def normal_host(host):
     """HOST as TensorFlow's host:port needs it (IPv6 bracketed), or None when it is not a host
     name or IP address."""
     host = str(host)
-    try:
-        if ipaddress.ip_address(host.strip("[]")).version == 6:
+    if ":" in host:  # only an IPv6 address holds one: ipaddress is imported for it alone
+        import ipaddress
+        try:
+            ipaddress.IPv6Address(host.strip("[]"))
             return "[%s]" % host.strip("[]")
-        return host
-    except ValueError:
-        pass
+        except ValueError:
+            return None
     return host if HOST_NAME.match(host) else None
 
 

@@ -119,6 +119,38 @@ LOCATE_TENSORFLOW = (
     "if spec and spec.origin else ''\n")
 
 
+def site_packages():
+    """The folders `site` would add to sys.path for this interpreter, found without running it:
+    the agent starts with -S, since a host's .pth files (an editable install's finder, a
+    distribution's hooks) cost every start 10-30 ms and the agent, standard library only, needs
+    none of them."""
+    import site
+    bin_dir = os.path.dirname(sys.executable)
+    for folder in (bin_dir, os.path.dirname(bin_dir)):  # a venv's pyvenv.cfg, as site finds it
+        try:
+            with open(os.path.join(folder, "pyvenv.cfg")) as handle:
+                settings = dict(line.partition("=")[::2] for line in handle)
+        except OSError:
+            continue
+        system = {k.strip().lower(): v.strip().lower() for k, v in settings.items()}.get(
+            "include-system-site-packages") == "true"
+        return site.getsitepackages([folder] + ([sys.base_prefix] if system else []))
+    user = [] if sys.flags.no_user_site else [site.getusersitepackages()]
+    return user + site.getsitepackages()
+
+
+def locate_tensorflow():
+    """LOCATE_TENSORFLOW's answer for this very interpreter, looked up in-process; "" when not
+    found on the paths a plain start would have (a .pth could add others: the caller asks a
+    fresh interpreter then)."""
+    from importlib.machinery import PathFinder
+    paths = sys.path + (site_packages() if sys.flags.no_site else [])
+    spec = PathFinder.find_spec("tensorflow", paths)
+    if not spec or not spec.origin:
+        return ""
+    return repr((os.path.realpath(spec.origin), os.path.getmtime(spec.origin)))
+
+
 def python_report(python, cache_dir=None, import_seconds=120):
     """Version of TensorFlow importable by PYTHON, or the reason it is not (also when its import
     takes over IMPORT_SECONDS; None: no limit).
@@ -126,12 +158,10 @@ def python_report(python, cache_dir=None, import_seconds=120):
     A successful import is remembered in CACHE_DIR, keyed by the interpreter and the installed
     TensorFlow package's path and modification time: a reinstall or upgrade invalidates it.
     """
-    if os.path.abspath(python) == os.path.abspath(sys.executable):
-        # The agent's own interpreter: look in-process rather than start another one.
-        scope = {}
-        exec(LOCATE_TENSORFLOW, scope)
-        found = scope["found"]
-    else:
+    # The agent's own interpreter: look in-process rather than start another one.
+    found = locate_tensorflow() if os.path.abspath(python) == os.path.abspath(sys.executable) \
+        else ""
+    if not found:
         import subprocess
         try:
             out = subprocess.run([python, "-c", LOCATE_TENSORFLOW + "print(found)"],

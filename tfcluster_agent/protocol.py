@@ -19,6 +19,8 @@ or, with this file on its PYTHONPATH (tfcluster puts it there), `protocol.report
 import json
 import sys
 
+from tfcluster_agent.values import as_dict, field, value_class
+
 METRIC_PREFIX = "TFCLUSTER_METRIC "
 RESULT_PREFIX = "TFCLUSTER_RESULT "
 
@@ -101,54 +103,12 @@ class TaskNames:
 # Task specs and their environment travel here, never on a command line.
 
 MESSAGES = {}
-_MISSING = object()
-
-
-class field:
-    """A message field's default made fresh per message (a list, a dict)."""
-
-    def __init__(self, default_factory):
-        self.default_factory = default_factory
 
 
 def message(cls):
-    """A message class: its annotated fields in order, with their defaults. Hand-made rather
-    than a dataclass: `dataclasses` costs the agent more CPU at start than all else it imports."""
-    names = tuple(getattr(cls, "__annotations__", {}))
-    defaults = {n: cls.__dict__[n] for n in names if n in cls.__dict__}
-    for name in defaults:
-        delattr(cls, name)  # instance values only, as with a dataclass
-
-    def __init__(self, *args, **kwargs):
-        if len(args) > len(names):
-            raise TypeError("%s takes %d fields, got %d" % (cls.__name__, len(names), len(args)))
-        values = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key not in names or key in values:
-                raise TypeError("%s: unexpected or repeated field %r" % (cls.__name__, key))
-            values[key] = value
-        for name in names:
-            if name not in values:
-                default = defaults.get(name, _MISSING)
-                if default is _MISSING:
-                    raise TypeError("%s: missing field %r" % (cls.__name__, name))
-                values[name] = default.default_factory() if isinstance(default, field) \
-                    else default
-            setattr(self, name, values[name])
-
-    cls.__init__ = __init__
-    cls.__eq__ = lambda self, other: type(self) is type(other) and \
-        as_dict(self) == as_dict(other)
-    cls.__repr__ = lambda self: "%s(%s)" % (cls.__name__, ", ".join(
-        "%s=%r" % item for item in as_dict(self).items()))
-    cls.__hash__ = None
-    cls.field_names = names
-    MESSAGES[cls.kind] = cls
+    """A message class: a value class (values.py) the decoder knows by its KIND."""
+    MESSAGES[cls.kind] = value_class(cls)
     return cls
-
-
-def as_dict(msg):
-    return {name: getattr(msg, name) for name in msg.field_names}
 
 
 def encode(msg):

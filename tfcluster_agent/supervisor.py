@@ -17,9 +17,11 @@ import os
 import select
 import time
 
-# signal, subprocess and threading are imported where used: the agent's start pays for none.
+# signal is imported where used, subprocess and threading nowhere: the agent's start and each
+# task's pay for none of them.
 
 LEASE_CHECK_SECONDS = 1.0
+EXIT_POLL_SECONDS = 0.05  # where the kernel gives no pidfd to wait on
 
 
 def boot_id():
@@ -170,14 +172,15 @@ def lease_expired(run_dir, lease_seconds):
 
 
 class Forked:
-    """A forked supervisor as the agent sees it, with Popen's pid, stdout, poll() and wait().
+    """A forked child as its parent sees it, with Popen's pid, stdout, poll() and wait(): a
+    supervisor as the agent sees it, a task as its supervisor does.
 
     The lock lets the agent's stop threads poll while its main loop waits."""
 
-    def __init__(self, pid, stdout):
-        import threading
+    def __init__(self, pid, stdout=None):
+        import _thread
         self.pid, self.stdout, self.returncode = pid, stdout, None
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
 
     def _reap(self, flags):
         with self._lock:
@@ -229,9 +232,43 @@ def fork(run_dir, name, lease, spec, keep_fd=None, keep_fds=()):
     return Forked(pid, os.fdopen(read_end, "rb", buffering=0))
 
 
+def spawn_shell(command, cwd, env, out_fd):
+    """`/bin/sh -c COMMAND` in CWD with ENV, in a session of its own, stdin /dev/null, stdout and
+    stderr OUT_FD, no other descriptor and default signals, as subprocess.Popen would start it
+    (its OSError too: a missing CWD); a Forked. By hand: subprocess costs every supervisor
+    10 ms of imports."""
+    import signal
+    report_read, report_write = os.pipe()  # closed by the exec: it reads empty when exec worked
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if cwd:
+                os.chdir(cwd)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out_fd, 1)
+            os.dup2(out_fd, 2)
+            os.closerange(3, report_write)
+            os.closerange(report_write + 1, os.sysconf("SC_OPEN_MAX"))
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored by Python, not by programs
+                signal.signal(sig, signal.SIG_DFL)
+            os.execve("/bin/sh", ["/bin/sh", "-c", command], env)
+        except OSError as err:
+            os.write(report_write, json.dumps([err.errno, err.strerror, err.filename]).encode())
+        finally:
+            os._exit(127)
+    os.close(report_write)
+    with os.fdopen(report_read, "rb") as report:
+        failed = report.read()
+    if failed:
+        os.waitpid(pid, 0)
+        raise OSError(*json.loads(failed))
+    return Forked(pid)
+
+
 def supervise(run_dir, name, lease, spec, out_fd):
     """Run the task of SPEC (a TaskSpec); its output goes to NAME.log and to OUT_FD (the agent)."""
-    import subprocess
     base = os.path.join(run_dir, name)
     env = dict(os.environ)
     env.update(spec.env)
@@ -253,9 +290,7 @@ def supervise(run_dir, name, lease, spec, out_fd):
 
     read_end, write_end = os.pipe()
     try:
-        proc = subprocess.Popen(["/bin/sh", "-c", spec.command], cwd=spec.cwd or None,
-                                env=env, stdin=subprocess.DEVNULL, stdout=write_end,
-                                stderr=write_end, start_new_session=True)
+        proc = spawn_shell(spec.command, spec.cwd, env, write_end)
     except OSError as err:
         emit(("tfcluster agent: cannot start task: %s\n" % err).encode())
         write_atomic(base + ".status", "127")
@@ -264,17 +299,21 @@ def supervise(run_dir, name, lease, spec, out_fd):
         os.close(write_end)
     write_atomic(base + ".pid", json.dumps({"pid": proc.pid, "start": start_time(proc.pid),
                                             "boot": boot_id(), "supervisor": os.getpid()}))
-    exited = os.pidfd_open(proc.pid)
-    open_fds = [read_end, exited]
+    try:
+        exited = os.pidfd_open(proc.pid)
+    except OSError:  # no pidfd (Linux before 5.3, valgrind): the task's end is looked for
+        exited = None
+    open_fds = [read_end] + ([] if exited is None else [exited])
     while True:
-        ready, _, _ = select.select(open_fds, [], [], LEASE_CHECK_SECONDS)
+        ready, _, _ = select.select(open_fds, [], [], LEASE_CHECK_SECONDS if exited is not None
+                                    else EXIT_POLL_SECONDS)
         if read_end in ready:
             data = os.read(read_end, 65536)
             if data:
                 emit(data)
             else:
                 open_fds.remove(read_end)
-        if exited in ready and proc.poll() is not None:
+        if (exited is None or exited in ready) and proc.poll() is not None:
             break
         if lease_expired(run_dir, lease):
             emit(b"tfcluster agent: controller lease expired, stopping the task\n")

@@ -1,8 +1,8 @@
 """What the agent needs to start one task, as the controller sends it (standard library only)."""
-from dataclasses import dataclass, field, fields
+from tfcluster_agent.values import as_dict, field, value_class
 
 
-@dataclass
+@value_class
 class TaskSpec:
     """What the agent needs to start one task; ENV may hold secrets and never lands in a file."""
     name: str
@@ -15,11 +15,15 @@ class TaskSpec:
     gpu_uuids: list = field(default_factory=list)  # GPUs whose claims its supervisor holds
 
     def to_json(self):
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return as_dict(self)
 
     @classmethod
     def from_json(cls, data):
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        return cls(**{name: data[name] for name in cls.field_names if name in data})
+
+    def replace(self, **changes):
+        """A copy with CHANGES (field: value)."""
+        return TaskSpec(**dict(as_dict(self), **changes))
 
     def public_json(self):
         """As records keep it: the variables' names, never their values."""

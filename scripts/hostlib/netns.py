@@ -137,3 +137,31 @@ def firewall_close():
         if run([ipt, "-w", "-C", *FW_RULE], check=False).returncode != 0:
             break
         run([ipt, "-w", "-D", *FW_RULE], check=False)
+
+
+# The kernel keeps one neighbour (ARP) table for every network namespace together, 1024 entries
+# at most by default (gc_thresh3): hosts that all reach each other need one entry per pair, 4,032
+# for 64 hosts and 16,256 for 128, and past the limit connections fail with "neighbor table
+# overflow" (the preflight's reachability check dials every pair).
+NEIGHBOUR_LIMITS = "/proc/sys/net/ipv4/neigh/default/gc_thresh%d"
+
+
+def neighbour_limits():
+    """[gc_thresh1, gc_thresh2, gc_thresh3] as they are now."""
+    return [int(Path(NEIGHBOUR_LIMITS % i).read_text()) for i in (1, 2, 3)]
+
+
+def set_neighbour_limits(limits):
+    for i, value in zip((1, 2, 3), limits):
+        Path(NEIGHBOUR_LIMITS % i).write_text("%d\n" % value)
+
+
+def raise_neighbour_limits(hosts):
+    """Room for every pair of HOSTS (and the bridge) in the neighbour table; the limits as they
+    were, to put back, or None when they were high enough."""
+    before = neighbour_limits()
+    needed = 2 * (hosts + 1) * (hosts + 1)  # twice the entries, as gc_thresh3 over gc_thresh2
+    if before[2] >= needed:
+        return None
+    set_neighbour_limits([max(before[0], needed // 4), max(before[1], needed // 2), needed])
+    return before
