@@ -347,8 +347,7 @@ def test_cached_code_hash_follows_every_change(tmp_path):
     assert first == hostcode.code_hash(str(code)) and len(list(cache.iterdir())) == 1
     # A remembered hash is what the files hash to, and it is used: a forged entry is believed.
     entry = next(cache.iterdir())
-    key, digest = entry.read_text().split()
-    entry.write_text("%s %s\n" % (key, "f" * 64))
+    entry.write_text(json.dumps(dict(json.loads(entry.read_text()), digest="f" * 64)))
     assert hostinfo.cached_code_hash(str(code), str(cache)) == "f" * 64
     # Same size, new bytes: the change time moves, the hash is computed again.
     source.write_text("x = 2\n")
@@ -358,6 +357,30 @@ def test_cached_code_hash_follows_every_change(tmp_path):
     assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == hostcode.code_hash(str(code)) != second
     os.remove(code / "trainers" / "b.py")
     assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == second
+    # Files in a new folder, and in a folder that a listing remembered.
+    (code / "trainers" / "sub").mkdir()
+    (code / "trainers" / "sub" / "c.py").write_text("")
+    third = hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0)
+    assert third == hostcode.code_hash(str(code)) != second
+    (code / "trainers" / "sub" / "d.py").write_text("")
+    assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == hostcode.code_hash(str(code)) != third
+    # A skipped name stays skipped on the remembered listing too.
+    (code / "trainers" / ".hidden.py").write_text("")
+    assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == hostcode.code_hash(str(code))
+
+
+def test_a_preflight_of_unchanged_code_needs_no_regular_expression(tmp_path):
+    """The agent's start does without re (and enum, which it imports): the remembered listing
+    stands while no folder changed, and its JSON goes through _json."""
+    code = """import sys; sys.path.insert(0, %r)
+from tfcluster_agent import hostinfo, protocol
+hostinfo.cached_code_hash(%r, %r, settle_ns=0)
+protocol.decode(protocol.encode(protocol.Hello(pid=1, hostname="h", boot_id="b")))
+print(sorted(m for m in ("re", "enum", "json") if m in sys.modules))""" % (
+        REPO, REPO, str(tmp_path))
+    argv = [sys.executable, "-S", "-c", code]
+    assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout  # listed
+    assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
 def test_the_agent_without_site_finds_tensorflow_where_a_plain_start_would():

@@ -128,12 +128,14 @@ def build_parser(only=None):
     p.add_argument("--port", type=int, default=6006, help="default 6006")
     p.add_argument("--host", help="address to listen on (default: TensorBoard's, localhost)")
 
-    from tfcluster import deploy, init, wheelhouse
-    init.add_arguments(sub.add_parser("init", help="write a starting inventory for your hosts"))
-    wheelhouse.add_arguments(sub.add_parser("wheelhouse", help="download the hosts' wheels and "
-                                            "pack their venv, for an offline deploy"))
-    deploy.add_arguments(sub.add_parser("deploy", help="provision the inventory's machines "
-                                        "(ansible-playbook)"))
+    # Each of these modules adds its own arguments; it is imported only when its command runs.
+    for name, text in (("init", "write a starting inventory for your hosts"),
+                       ("wheelhouse", "download the hosts' wheels and pack their venv, for an "
+                                      "offline deploy"),
+                       ("deploy", "provision the inventory's machines (ansible-playbook)")):
+        p = sub.add_parser(name, help=text)
+        if sub.builds(name):
+            __import__("tfcluster." + name, fromlist=["add_arguments"]).add_arguments(p)
 
     p = sub.add_parser("data", help="datasets")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=Parser)

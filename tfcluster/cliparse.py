@@ -63,14 +63,17 @@ class Commands:
     def __init__(self, subparsers, only=None):
         self.subparsers, self.only = subparsers, only
 
+    def builds(self, name):
+        return self.only in (None, name)
+
     def add_parser(self, name, **kwargs):
         parser = self.subparsers.add_parser(name, **kwargs)
-        return parser if self.only in (None, name) else Unbuilt()
+        return parser if self.builds(name) else Unbuilt()
 
     @property
     def choices(self):
         """{name: its parser}, as argparse's subparsers have it."""
-        return {name: parser if self.only in (None, name) else Unbuilt()
+        return {name: parser if self.builds(name) else Unbuilt()
                 for name, parser in self.subparsers.choices.items()}
 
 

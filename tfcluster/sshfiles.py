@@ -10,8 +10,6 @@ import io
 import json
 import os
 import re
-import shutil
-import tempfile
 
 KNOWN_HOSTS_OPTION = re.compile(r"(UserKnownHostsFile=)(\S+)")
 
@@ -87,6 +85,8 @@ def overlay(inventory):
     if not changed:
         yield None
         return
+    import shutil
+    import tempfile  # here: every launch imports this module, only deploy needs these
     folder = tempfile.mkdtemp(prefix="tfcluster-paths-")
     try:
         os.mkdir(os.path.join(folder, "host_vars"))

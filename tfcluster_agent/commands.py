@@ -1,9 +1,9 @@
 """tfcluster agent's command line: `serve` (every launch, on every host), `stop --dir FOLDER`
 (playbooks/stop.yml) and `hash` (the deploy's code hash). Standard library only."""
-import json
 import os
 import sys
 
+from tfcluster_agent import jsonc as json
 from tfcluster_agent import supervisor as S
 from tfcluster_agent.agent import Agent, is_task_name
 from tfcluster_agent.hostcode import code_hash

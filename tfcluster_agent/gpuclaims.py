@@ -17,12 +17,13 @@ Standard library only.
 """
 import errno
 import fcntl
-import json
 import os
 import pwd
 import re
 import stat
 import time
+
+from tfcluster_agent import jsonc as json
 
 # One folder for every user's runs. TFCLUSTER_GPU_CLAIMS_DIR is for tests: each test session
 # its own claims and queue, which concurrent sessions on one machine would otherwise share.

@@ -1,9 +1,9 @@
 """The host code and its identity, standard library only: which files are host code (read from
 hostcode.json, the one definition that tfcluster sync and the trainers role use too) and their
 content hash, which preflight compares with the controller's to find stale hosts."""
-import json
 import os
-import re
+
+from tfcluster_agent import jsonc as json
 
 DEFINITION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostcode.json")
 _DEFINED = []
@@ -25,6 +25,7 @@ def packages():
 
 def skipped(relpath):
     """True for a path (relative to the code root, "/"-separated) that is no host code."""
+    import re  # here: an agent's preflight whose code is as it was lists no files
     return re.search(definition()["skip"], relpath) is not None
 
 
@@ -46,12 +47,17 @@ def sha256(data=b""):
     return _SHA256[0](data)
 
 
-def code_files(code_root):
-    """(relative path, path) of every host code file below CODE_ROOT, in order."""
+def code_files(code_root, folders=None):
+    """(relative path, path) of every host code file below CODE_ROOT, in order; the folders
+    looked into are added to the list FOLDERS, when given."""
     found = []
     for package in packages():
         top = os.path.join(code_root, package)
+        if folders is not None and not os.path.isdir(top):
+            folders.append(top)  # watched for its coming
         for root, dirs, files in os.walk(top):
+            if folders is not None:
+                folders.append(root)
             rel_root = package + root[len(top):].replace(os.sep, "/")
             dirs[:] = sorted(d for d in dirs if not skipped(rel_root + "/" + d))
             found += [(rel_root + "/" + name, os.path.join(root, name))

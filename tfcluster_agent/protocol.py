@@ -16,9 +16,9 @@ and at the end one result line with the same keys and its totals:
 or, with this file on its PYTHONPATH (tfcluster puts it there), `protocol.report_metric(...)` and
 `protocol.report_result(...)`.
 """
-import json
 import sys
 
+from tfcluster_agent import jsonc as json
 from tfcluster_agent.values import as_dict, field, value_class
 
 METRIC_PREFIX = "TFCLUSTER_METRIC "

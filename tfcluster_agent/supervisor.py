@@ -12,10 +12,11 @@ values never reach a file). Per run: .lease (touched while a controller is conne
 .detached (present when no lease applies).
 """
 import fcntl
-import json
 import os
 import select
 import time
+
+from tfcluster_agent import jsonc as json
 
 # signal is imported where used, subprocess and threading nowhere: the agent's start and each
 # task's pay for none of them.
