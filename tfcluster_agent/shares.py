@@ -9,7 +9,6 @@ and data once per shared folder); the agent's preflight reports its workdir's to
 machine whose workdir another machine of the run shares gets a run folder of its own inside the
 run's (`<workdir>/<run-id>/<host>/`).
 """
-import json
 import os
 import sys
 
@@ -109,6 +108,7 @@ def preflight_facts(workdir, fence_file):
 
 def main(argv):
     """`ensure [--read-only] PATH...`: {PATH: token or null}, made where missing."""
+    import json  # here: the agent's start pays for no JSON module of its own (jsonc.py)
     create = "--read-only" not in argv
     paths = [p for p in argv[1:] if p != "--read-only"]
     if argv[:1] != ["ensure"]:
