@@ -10,14 +10,8 @@ machines no firewall fences.
 import os
 
 from tfcluster.spec import Cluster
+from tfcluster_agent.shares import safe_name
 from tfcluster_agent.values import replace
-
-# What a folder's name may hold; the rest becomes "_".
-SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-
-
-def safe_name(text):
-    return "".join(c if c in SAFE else "_" for c in text)
 
 
 def shared_groups(machines, tokens):

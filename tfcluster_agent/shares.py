@@ -13,8 +13,16 @@ import os
 import sys
 
 MARKER = ".tfcluster-folder-id"
+# What a file name made from a host, run or GPU name may hold; the rest becomes "_".
+SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 # In a shared run folder: the launch that made it (a run id in use is refused, not adopted).
 LAUNCH_FILE = ".launch"
+
+
+def safe_name(text):
+    """TEXT with every character a file name should not hold as "_" (no re: the agent's start
+    imports none)."""
+    return "".join(c if c in SAFE else "_" for c in text)
 
 
 def read_token(path):
