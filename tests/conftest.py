@@ -142,6 +142,19 @@ def pid_alive(pid):
 # Machine-wide resources of the suite, one pytest session (or scripts/bench) at a time.
 TESTHOSTS_LOCK = "/run/lock/tfc-testhosts.session.lock"
 DOCKERHOSTS_LOCK = "/run/lock/tfc-dockerhosts.session.lock"
+WHEELHOUSE_LOCK = "/run/lock/tfc-wheelhouse.lock"
+
+
+def ready_wheelhouse(timeout=1800):
+    """`tfcluster wheelhouse` (the wheels and the packed venv in REPO/wheelhouse), one caller at
+    a time: the container session and the lab tests deploy from it side by side, and the second
+    finds it made (a rerun with the same inputs downloads nothing and keeps the pack)."""
+    fd = hold_lock(WHEELHOUSE_LOCK, timeout)
+    try:
+        return subprocess.run([sys.executable, "-m", "tfcluster", "wheelhouse"],
+                              cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    finally:
+        os.close(fd)
 
 
 def hold_lock(path, timeout):

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TESTHOSTS_LOCK, hold_lock
-from hostlib import netns, ssh
+from hostlib import labusers, netns, ssh
 from hostlib import testhosts as th
 from hostlib.common import find_tools, missing_tools_message
 
@@ -73,8 +73,8 @@ def run_script(*args, timeout=120):
 
 
 def leftovers():
-    """Anything testhosts left on this machine (empty list == clean)."""
-    return th.leftovers()
+    """Anything testhosts (or a test's lab users) left on this machine (empty list == clean)."""
+    return th.leftovers() + labusers.leftovers()
 
 
 # ---------------------------------------------------------------- session lock

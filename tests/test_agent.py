@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import REPO, free_port_block, pid_alive, port_free, wait_for
-from tfcluster_agent import hostcode, hostinfo
+from tfcluster_agent import gpuclaims, hostcode, hostinfo
 from tfcluster_agent import protocol as P
 from tfcluster_agent import supervisor
 
@@ -250,8 +250,9 @@ def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_p
     try:
         report = preflight_ports(first, port)
         assert report["ports"] == {str(port): True} and report["port_holders"] == {}
-        assert "port(s) %d claimed by a launch in its preflight (agent pid %d): nothing " \
-            "started" % (port, first.proc.pid) in refused(agent, tmp_path / "run")
+        assert "port(s) %d claimed by a launch in its preflight, agent pid %d (user %s): " \
+            "nothing started" % (port, first.proc.pid, gpuclaims.user_name()) \
+            in refused(agent, tmp_path / "run")
     finally:
         first.close()
     start(agent, tmp_path / "run", [task])
@@ -260,8 +261,10 @@ def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_p
     try:
         report = preflight_ports(second, port)
         assert report["ports"] == {str(port): False}
-        assert report["port_holders"] == {str(port): "run run"}
-        assert "claimed by run run" in refused(second, tmp_path / "second")
+        # The claims are system-wide, so each label names its user (README: Labs).
+        user = gpuclaims.user_name()
+        assert report["port_holders"] == {str(port): "run run (user %s)" % user}
+        assert "claimed by run run (user %s)" % user in refused(second, tmp_path / "second")
         agent.send(P.Stop(names=["ps-0"], ports=[], grace=1))
         assert agent.next(P.Stopped).tasks == {"ps-0": "stopped"}
         assert preflight_ports(second, port)["port_holders"] == {}
@@ -269,7 +272,8 @@ def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_p
         second.close()
 
 
-def test_a_failed_start_keeps_no_claim_and_a_home_without_locks_claims_nothing(agent, tmp_path):
+def test_a_failed_start_keeps_no_claim_and_no_claims_folder_claims_nothing(agent, tmp_path,
+                                                                           monkeypatch):
     port = free_port_block(1)
     (tmp_path / "taken").mkdir()
     agent.send(P.Start(run_dir=str(tmp_path / "taken"), lease=0.0, tasks=[
@@ -283,7 +287,8 @@ def test_a_failed_start_keeps_no_claim_and_a_home_without_locks_claims_nothing(a
     finally:
         other.close()
     (tmp_path / "file").write_text("")  # where the claims folder cannot be made
-    assert hostinfo.claim_port(port, claims_dir=str(tmp_path / "file" / "ports")) == (None, None)
+    monkeypatch.setattr(gpuclaims, "CLAIMS_DIR", str(tmp_path / "file" / "claims"))
+    assert hostinfo.claim_port(port) == (None, None)
 
 
 @pytest.mark.slow  # a real TensorFlow import

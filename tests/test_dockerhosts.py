@@ -38,7 +38,7 @@ from ansible_run import (RECAP, Ansible, ansible_tool, close_ssh_masters, explai
                          task_status_runs, task_statuses, tiny_dataset)
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
 from conftest import (DOCKERHOSTS_LOCK, hold_lock, pid_alive, processes_matching,  # noqa: E402
-                      run_record, tfcluster, wait_for)
+                      ready_wheelhouse, run_record, tfcluster, wait_for)
 import readme_install  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
 from hostlib import engine as dockerd  # noqa: E402
@@ -193,8 +193,7 @@ def deployed(dockerhosts, tmp_path_factory, request):
     for name in hosts.names:
         hosts.before[name] = hosts.inventory_of(name)
     started = time.monotonic()
-    wheelhouse = subprocess.run([sys.executable, "-m", "tfcluster", "wheelhouse"],
-                                cwd=REPO, capture_output=True, text=True, timeout=1800)
+    wheelhouse = ready_wheelhouse()
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
     hosts.timings.append(("tfcluster wheelhouse (and its pack)", time.monotonic() - started))
     # The hosts' Python is the controller's /usr/bin/python3 (both Debian 12): the deploy
@@ -371,7 +370,7 @@ def stamp_report(proc):
 
 
 FAST = "as its deploy stamp says, not provisioned again"
-STAMP = ROOT + "/.deploy-stamp.json"
+STAMP = ROOT + "/.deploy-stamp-%s.json"  # one per machine: machines may share their root
 
 
 def assert_unchanged(hosts, proc, names):
@@ -434,7 +433,7 @@ def test_second_deploy_changes_nothing(deployed):
     # The first deploy left a stamp on each machine: nothing changed, so nothing is provisioned.
     assert_fast_path(hosts, second)
     for name in hosts.names:
-        mode = hosts.ssh(name, "stat -c '%%a %%U' %s" % STAMP)
+        mode = hosts.ssh(name, "stat -c '%%a %%U' %s" % (STAMP % name))
         assert mode.stdout.split() == ["600", "root"], (name, mode.stdout, mode.stderr)
 
 
@@ -508,7 +507,8 @@ def test_check_mode_runs_the_gpu_roles_without_failing(deployed):
                                     "&& cd /etc/apt/sources.list.d && ! test -e nvidia-cuda.sources "
                                     "&& ! test -e tfcluster-debian-extra.sources" % stale)
         assert left.returncode == 0, "the --check run changed worker1: " + left.stdout
-        assert hosts.ssh("worker1", "test -e " + STAMP).returncode == 0, "--check removed the stamp"
+        assert hosts.ssh("worker1", "test -e " + STAMP % "worker1").returncode == 0, \
+            "--check removed the stamp"
     finally:
         hosts.ssh("worker1", "rm -f %s" % stale)
 

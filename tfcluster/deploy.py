@@ -26,6 +26,10 @@ def add_arguments(parser):
     parser.add_argument("-l", "--limit", metavar="PATTERN")
     parser.add_argument("-t", "--tags")
     parser.add_argument("--skip-tags")
+    parser.add_argument("--system", action="store_true",
+                        help="only the administrator's half, which needs root on the hosts (OS "
+                             "packages, the service group, the firewall, the NVIDIA driver; "
+                             "README: Labs)")
     parser.add_argument("-C", "--check", action="store_true", help="dry run")
     parser.add_argument("-D", "--diff", action="store_true")
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -66,6 +70,7 @@ def playbook_command(args, collections_dir, root, paths=None):
     # This interpreter's Ansible: the one installed with tfcluster, whatever PATH says.
     cmd = [sys.executable, "-m", "ansible", "playbook", playbook, "-i", args.inventory]
     cmd += ["-i", paths] if paths else []
+    cmd += system_half(args)
     for value in args.extra_vars:
         cmd += ["-e", value]
     for flag, value in (("--limit", args.limit), ("--tags", args.tags),
@@ -76,6 +81,17 @@ def playbook_command(args, collections_dir, root, paths=None):
     if args.verbose:
         cmd.append("-" + "v" * args.verbose)
     return cmd + list(args.trainer_args)
+
+
+def system_half(args):
+    """The -e that limits deploy.yml to the administrator's half (--system: packages, the
+    service group, the firewall, the NVIDIA driver; README "Labs")."""
+    if not getattr(args, "system", False):
+        return []
+    if args.playbook != "deploy":
+        raise UsageError("--system is a part of the deploy playbook, not of %s: drop --system "
+                         "or --playbook" % args.playbook)
+    return ["-e", "tfcluster_deploy_scope=system"]
 
 
 def playbook_env(collections_dir, root, environ=None):

@@ -20,6 +20,18 @@ from tfcluster_agent.values import field, value_class
 JOBS = ("chief", "worker", "ps", "evaluator")
 DEFAULT_ROOT = "/opt/tfcluster"
 DEFAULT_PORT_BASE = 2222
+# The firewall role's ruleset file (firewall_rules_file's default).
+FENCE_FILE = "/etc/tfcluster-firewall.nft"
+
+
+def default_root(user, become=False):
+    """tfcluster_root's default, as roles/tfcluster/defaults/main.yml computes it: root's (or a
+    deploy that becomes root) /opt/tfcluster; an ordinary user's ~/tfcluster, in /home/USER
+    (USER: ansible_user, else whoever runs tfcluster), where no root is needed."""
+    user = user or os.environ.get("USER") or "root"
+    if user == "root" or become:
+        return DEFAULT_ROOT
+    return "/home/%s/tfcluster" % user
 
 
 @value_class(frozen=True)
@@ -51,6 +63,11 @@ class Machine:
     # Seconds a training task may print nothing and use almost no CPU before it is stalled
     # (tfcluster/stall.py); 0: not watched.
     stall_after: float = 120.0
+    # Lab hosts (README "Labs"): the firewall role's ruleset, whose absence a launch reports
+    # ("": fenced by other means, tfcluster_fenced), and, once preflight found the workdir
+    # shared with another machine of the run, this machine's folder inside each run's folder.
+    fence_file: str = FENCE_FILE
+    run_subdir: str | None = None
 
     @property
     def tf_host(self):
@@ -244,7 +261,9 @@ def _slot(hostname, job, host_vars, templar, folder):
             return default
         return templar.template(host_vars[name])
 
-    root = _path(get("tfcluster_root", DEFAULT_ROOT), "tfcluster_root", hostname)
+    root = _path(get("tfcluster_root", default_root(
+        get("ansible_user"), _flag(get("ansible_become", False), "ansible_become", hostname))),
+        "tfcluster_root", hostname)
     address = str(get("ansible_host", hostname))
     machine = Machine(
         address=address,
@@ -268,6 +287,8 @@ def _slot(hostname, job, host_vars, templar, folder):
         gpu_share=_flag(get("tfcluster_gpu_share", False), "tfcluster_gpu_share", hostname),
         stall_after=_seconds(get("tfcluster_stall_after", 120), "tfcluster_stall_after",
                              hostname, zero="0 turns the watch off"),
+        fence_file="" if _flag(get("tfcluster_fenced", False), "tfcluster_fenced", hostname)
+        else str(get("firewall_rules_file", FENCE_FILE)),
     )
     port = get("tfcluster_port")
     return Slot(

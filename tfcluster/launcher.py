@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 
-from tfcluster import gpuqueue, proxy, runs
+from tfcluster import gpuqueue, proxy, runs, sharing
 from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
 from tfcluster.hosts import Hosts
@@ -110,6 +110,9 @@ class Launch:
                                     expect_code=options.example.name != "custom",
                                     data_needs=data_needs(self.cluster, options)),
             lambda found: print_preflight(self.reporter, self.cluster, found))
+        self.cluster = sharing.place_run_folders(self.cluster, reports)
+        for line in sharing.unfenced_warnings(self.cluster, reports):
+            self.reporter.note("warning: " + line)
         specs = self.specs = task_specs(self.cluster, options, self.run_id,
                                         thread_plan(self.cluster, reports, options))
         gpuqueue.hand_claims(specs, self.cluster, reports)
@@ -192,15 +195,17 @@ class Launch:
     def _start(self, specs):
         """Every task of every machine at once: TensorFlow clients wait for their servers."""
         lease = 0 if self.options.detach else self.options.lease
+        machines = [m for m, _ in self.cluster.machines()]
+        run_dirs = {m.key: host_run_dir(m, self.run_id) for m in machines}
+        launch = sharing.launch_token(self.cluster)
 
         def start(link):
             mine = [specs[t.label].to_json() for t in self.cluster.tasks
                     if t.machine.key == link.machine.key]
-            return link.request(P.Start(run_dir=host_run_dir(link.machine, self.run_id),
-                                        tasks=mine, lease=lease), timeout=60,
+            return link.request(P.Start(run_dir=run_dirs[link.machine.key], tasks=mine,
+                                        lease=lease, launch=launch), timeout=60,
                                 what="to start its tasks")
 
-        machines = [m for m, _ in self.cluster.machines()]
         failed = self.hosts.each(start, machines, timeout=70).reasons(machines)
         if failed:
             raise RunFailed("could not start the tasks on " + failed[0])

@@ -40,7 +40,8 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
         cache = "~/.cache/tfcluster"
         request = P.Preflight(python=machine.python, ports=ports, code_dir=machine.root,
                               cache_dir=cache, datasets=data_needs.get(machine.key, []),
-                              nvidia_smi=machine.nvidia_smi)
+                              nvidia_smi=machine.nvidia_smi, workdir=machine.workdir,
+                              fence_file=machine.fence_file)
         return link.request(request, timeout=IMPORT_SECONDS, what="to the preflight").report
 
     machines = [m for m, _ in cluster.machines()]

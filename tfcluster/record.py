@@ -97,6 +97,8 @@ class PreflightReport:
     # gpuinfo.host_gpus(): driver, gpus, error, warning, absent
     gpu_facts: dict = field(default_factory=dict)
     proxy_env: dict = field(default_factory=dict)      # hostinfo.proxy_facts(): names, no_proxy
+    workdir_id: str | None = None                      # shares.folder_id of the workdir
+    fenced: bool | None = None                         # the firewall's ruleset is there
     reached: bool = True
 
     def to_json(self):

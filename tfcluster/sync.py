@@ -23,6 +23,7 @@ import tarfile
 import threading
 import time
 
+from tfcluster import sharing
 from tfcluster.catalog import code_root
 from tfcluster.errors import PreflightError, UsageError
 from tfcluster.hosts import describe_connection_error, no_python
@@ -88,6 +89,12 @@ def listing(root, area, skipped):
     return {"files": files, "folders": folders}
 
 def apply(root):
+    import fcntl
+    lock = open(os.path.join(root, ".sync-lock"), "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one writer at a time (two syncs into one home)
+    except OSError:
+        pass  # a file system without locks
     header = json.loads(sys.stdin.buffer.readline())
     for rel in header["folders"]:
         os.makedirs(inside(root, rel), exist_ok=True)
@@ -145,9 +152,9 @@ class Target:
     def label(self):
         return self.machine.label
 
-    def run(self, args, stdin=b""):
-        """(exit code, stdout, stderr) of the host script with ARGS, fed STDIN."""
-        argv = [self.machine.python, "-c", HOST_SCRIPT, *args]
+    def run(self, args, stdin=b"", script=HOST_SCRIPT):
+        """(exit code, stdout, stderr) of SCRIPT (the host script) with ARGS, fed STDIN."""
+        argv = [self.machine.python, "-c", script, *args]
         if self.machine.is_local:
             try:
                 proc = subprocess.run(argv, input=stdin, capture_output=True,
@@ -308,6 +315,13 @@ def sync(inventory, user_code=None, out=print):
 
     listings = {folder: local_files(folder, USER_CODE_FOLDER + "/")
                 for folder in {t.user_code for t in targets if t.user_code}}
+    # Machines sharing a tfcluster_root (an NFS home) get it written once, by the first of them.
+    targets, shared, unreached = sharing.one_writer_per_root(targets)
+    for line in shared:
+        out("sync: " + line)
+    outcomes.update({t: err if isinstance(err, SyncError) else
+                     SyncError(describe_connection_error(err, t.machine))
+                     for t, err in unreached.items()})
 
     def run(target):
         sources = dict(host_code)
@@ -322,7 +336,8 @@ def sync(inventory, user_code=None, out=print):
         finally:
             target.close()
 
-    threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in targets]
+    threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in targets
+               if t not in outcomes]
     for thread in threads:
         thread.start()
     for thread in threads:

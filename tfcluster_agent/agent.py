@@ -113,9 +113,11 @@ class Agent(ReachRequests):
                                   msg.datasets, msg.nvidia_smi,
                                   lambda: set(self.gpu_claims.held))
         report["port_holders"] = self.claims.claim(
-            [int(p) for p in msg.ports], "a launch in its preflight (agent pid %d)" % os.getpid())
+            [int(p) for p in msg.ports], "a launch in its preflight, agent pid %d" % os.getpid())
         for port in report["port_holders"]:
             report["ports"][port] = False
+        from tfcluster_agent.shares import preflight_facts
+        report.update(preflight_facts(msg.workdir, msg.fence_file))
         self.send(P.Report(report=report))
         from tfcluster_agent import taskspec  # noqa: F401  the start's, while records are written
 
@@ -157,19 +159,15 @@ class Agent(ReachRequests):
     def _start(self, msg, specs):
         # Every port is claimed before anything is made or started; then a task's supervisor
         # holds its claim.
+        from tfcluster_agent.shares import run_id
         taken = self.claims.claim([int(s.port) for s in specs if s.port],
-                                  "run " + os.path.basename(msg.run_dir.rstrip("/")))
+                                  "run " + run_id(msg.run_dir, msg.launch))
         if taken:
             raise ValueError("port(s) %s claimed by %s: nothing started" % (
                 ", ".join(taken), "; ".join(sorted(set(taken.values())))))
         if not msg.restart:
-            os.makedirs(os.path.dirname(msg.run_dir.rstrip("/")) or "/", exist_ok=True)
-            # Created here or refused: a run never adopts a folder another run made.
-            try:
-                os.mkdir(msg.run_dir, 0o700)
-            except FileExistsError:
-                raise ValueError("run folder %s exists already: another run has this id; "
-                                 "choose another --run-id" % msg.run_dir) from None
+            from tfcluster_agent.shares import make_run_folder
+            make_run_folder(msg.run_dir, msg.launch)  # made here or refused, never adopted
             self.run_dir, self.lease = msg.run_dir, float(msg.lease)
             S.write_atomic(os.path.join(self.run_dir, ".lease"), "")
             if not self.lease:

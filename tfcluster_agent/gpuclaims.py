@@ -19,17 +19,15 @@ import errno
 import fcntl
 import os
 import pwd
-import re
-import socket
 import stat
 import time
 
 from tfcluster_agent import jsonc as json
+from tfcluster_agent.shares import safe_name
 
 # One folder for every user's runs. TFCLUSTER_GPU_CLAIMS_DIR is for tests: each test session
 # its own claims and queue, which concurrent sessions on one machine would otherwise share.
 CLAIMS_DIR = os.environ.get("TFCLUSTER_GPU_CLAIMS_DIR") or "/var/tmp/tfcluster-gpu-claims"
-SAFE = re.compile(r"[^A-Za-z0-9._-]")
 # A probe takes a shared lock for an instant: a claim that meets one tries again a few times.
 CLAIM_TRIES = 20
 LABEL_BYTES = 1024
@@ -75,7 +73,7 @@ def open_shared(path):
 
 
 def claim_path(uuid):
-    return os.path.join(shared_dir(), "gpu-" + SAFE.sub("_", uuid))
+    return os.path.join(shared_dir(), "gpu-" + safe_name(uuid))
 
 
 def read_label(fd):
@@ -94,7 +92,7 @@ def write_label(fd, label):
 
 def label(run, task="", **extra):
     return dict(extra, run=run, task=task, user=user_name(), pid=os.getpid(),
-                host=socket.gethostname())
+                host=os.uname().nodename)
 
 
 def holder(uuid):
@@ -171,7 +169,7 @@ class GpuClaims:
         do not wait: a run that does not queue does not jump the queue either)."""
         folder = shared_dir("queue")
         if wait and self.ticket is None:
-            name = "%020d-%d-%s" % (time.time_ns(), os.getpid(), SAFE.sub("_", run))
+            name = "%020d-%d-%s" % (time.time_ns(), os.getpid(), safe_name(run))
             path = os.path.join(folder, name)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             os.fchmod(fd, 0o644)  # other users' runs read it, whatever our umask

@@ -29,26 +29,26 @@ def port_is_free(port):
     return True
 
 
-# Where a run's ports are claimed, per user. The claim is a lock on a file: its holder is the
-# agent from preflight to start, then the task's supervisor until the task has exited, so a
-# claim never outlives its holder and two launches cannot both find a port free before either
-# task binds it.
-CLAIMS_DIR = "~/.cache/tfcluster/ports"
+# Where a run's ports are claimed: a lock on a file, whose holder is the agent from preflight to
+# start, then the task's supervisor until the task has exited, so a claim never outlives its
+# holder and two launches cannot both find a port free before either task binds it. The files
+# lie beside the GPU claims, in the folder every user's runs share (gpuclaims.py): another
+# user's launch on the same ports is refused as well.
+CLAIMS_SUBDIR = "ports"
 
 
-def claim_port(port, claims_dir=CLAIMS_DIR):
+def claim_port(port):
     """(descriptor holding PORT's claim, None); (None, what the holder wrote) when another
-    process holds it; (None, None) where no lock can be taken (a home without file locks):
-    the bind check is all there is then.
+    process holds it; (None, None) where no lock can be taken (no shared claims folder, a file
+    system without locks): the bind check is all there is then.
 
     Ports are per machine and network namespace, so claims are too: the file's name holds the
-    boot id (homes may be shared between machines) and the namespace."""
+    boot id and the namespace."""
+    from tfcluster_agent.gpuclaims import open_shared, shared_dir
     try:
-        folder = os.path.expanduser(claims_dir)
-        os.makedirs(folder, mode=0o700, exist_ok=True)
         namespace = os.stat("/proc/self/ns/net").st_ino
         name = "%s-%s-%d" % (boot_id() or os.uname().nodename, namespace, port)
-        fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_shared(os.path.join(shared_dir(CLAIMS_SUBDIR), name))
     except OSError:
         return None, None
     try:
@@ -64,9 +64,10 @@ def claim_port(port, claims_dir=CLAIMS_DIR):
 
 
 def label_claim(fd, holder):
-    """Write who holds the claim of FD, for a launch that finds the port claimed (written
-    before the old label is cut, so a reader never sees an empty one)."""
-    data = holder.encode()
+    """Write who holds the claim of FD, and as which user, for a launch that finds the port
+    claimed (written before the old label is cut, so a reader never sees an empty one)."""
+    from tfcluster_agent.gpuclaims import user_name
+    data = ("%s (user %s)" % (holder, user_name())).encode()
     os.pwrite(fd, data, 0)
     os.ftruncate(fd, len(data))
 

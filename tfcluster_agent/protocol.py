@@ -146,6 +146,10 @@ class Preflight:
     # [data set, folder] pairs the machine's tasks read from disk (trainers/datafiles.py).
     datasets: list = field(default_factory=list)
     nvidia_smi: str = ""  # the GPU query's program ("": nvidia-smi on the agent's PATH)
+    # Lab hosts (shares.py): the workdir whose token to report, the firewall's ruleset to look
+    # for ("": do not look).
+    workdir: str = ""
+    fence_file: str = ""
 
 
 @message
@@ -175,6 +179,9 @@ class Start:
     tasks: list
     lease: float = 0.0
     restart: bool = False  # start tasks again in the existing folder (the restart policy)
+    # This launch's token when RUN_DIR is this machine's folder inside a run folder that other
+    # machines share (shares.make_run_folder); "" otherwise.
+    launch: str = ""
 
 
 @message

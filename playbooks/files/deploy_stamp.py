@@ -34,7 +34,8 @@ VERSION = 1
 
 
 def skipped(name):
-    return name == "__pycache__" or name.endswith(".pyc")
+    # Stamps are no state: machines sharing tfcluster_root each keep theirs beside the others.
+    return name == "__pycache__" or name.endswith(".pyc") or name.startswith(".deploy-stamp")
 
 
 def metadata(path):

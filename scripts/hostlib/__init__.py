@@ -8,6 +8,7 @@ conftest.py puts scripts/ on sys.path, as running a script there does).
     netns        network namespaces, the bridge, veth links, the firewall rule
     sshd         one sshd per namespace host: its keys, config, start and login checks
     testhosts    the testhosts commands (up, down, status, link, sshd)
+    labusers     ordinary users of the testhosts (no sudo, one shared home): testhosts user
     engine       a private Docker engine: start, stop, what a dead one leaves
     image        the containers' image: a debootstrap base, cached, and the Dockerfile's build
     dockerhosts  the dockerhosts commands (up, down, status)

@@ -15,7 +15,7 @@ SSHD_CONFIG = """\
 ListenAddress {addr}:22
 HostKey {hostkey}
 PidFile {pidfile}
-AuthorizedKeysFile {authkeys}
+AuthorizedKeysFile {authkeys} .ssh/authorized_keys
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no
