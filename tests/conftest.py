@@ -21,17 +21,45 @@ pytest_plugins = ["fixtures_testhosts"] if os.path.exists(
     os.path.join(TESTS, "fixtures_testhosts.py")) else []
 
 # Tests use their own port range so a user's runs on 2222+ never collide with them; each test
-# takes a block of free ports, so test sessions running side by side do not collide either.
-TEST_PORT_RANGE = range(24100, 29000, 20)
+# takes a block of free ports. Sessions side by side (scripts/testsuite) get ranges of their own
+# (TFCLUSTER_TEST_PORTS=LOW-HIGH): a free block may be taken by another session before it binds.
+LOW, HIGH = map(int, os.environ.get("TFCLUSTER_TEST_PORTS", "24100-29000").split("-"))
+TEST_PORT_RANGE = range(LOW, HIGH, 20)
 
 
 def free_port_block(size=12):
-    start = 24100 + (os.getpid() * 20) % (29000 - 24100)
-    for offset in range(0, 29000 - 24100, 20):
-        base = 24100 + (start - 24100 + offset) % (29000 - 24100)
-        if all(port_free(p) for p in range(base, base + size)):
+    span = len(TEST_PORT_RANGE)
+    start = (os.getpid() * 20) % span
+    for offset in range(span):
+        base = TEST_PORT_RANGE[(start + offset) % span]
+        if base + size <= HIGH and all(port_free(p) for p in range(base, base + size)):
             return base
     raise AssertionError("no block of %d free ports in %s" % (size, TEST_PORT_RANGE))
+
+
+# scripts/testsuite runs the main session as two shards side by side (TFCLUSTER_TEST_SHARD):
+# "local" the TensorFlow launches on this machine, "rest" everything else but the containers
+# (the test hosts are one set per machine: every test that uses them is in "rest"). Two files of
+# local launches go to "rest" so that the shards take about as long.
+SHARDS = ("local", "rest")
+LOCAL_TO_REST = {"test_cifar10.py", "test_examples_b.py"}
+
+
+def shard_of(item):
+    local = (item.get_closest_marker("slow") and not item.get_closest_marker("root")
+             and not item.get_closest_marker("docker") and "testhosts" not in item.fixturenames
+             and item.path.name not in LOCAL_TO_REST)
+    return "local" if local else "rest"
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = os.environ.get("TFCLUSTER_TEST_SHARD")
+    if not shard:
+        return
+    assert shard in SHARDS, "TFCLUSTER_TEST_SHARD is one of %s, not %r" % (SHARDS, shard)
+    kept = [item for item in items if shard_of(item) == shard]
+    config.hook.pytest_deselected(items=[item for item in items if shard_of(item) != shard])
+    items[:] = kept
 
 
 def local_inventory_text(workdir, port_base=None, ps=2, workers=3, chief=1, extra=""):

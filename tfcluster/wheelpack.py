@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 
+from tfcluster_agent.jsonc import load_file
+
 # The packed environment in DEST: the archive and its metadata (tensorflow_pack_metadata).
 PACK_ARCHIVE = "venv-pack.tar.zst"
 # The role unpacks only a pack of this format (an older gzip pack is built again).
@@ -72,14 +74,6 @@ def call(cmd, failure):
     return code
 
 
-def read_metadata(path):
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
-
-
 def build_pack(args):
     """The packed environment in DEST, unless one with the same inputs is there. Returns an exit
     code; a pack that cannot be made for a reason the user chose (--no-cpu, another Python) is
@@ -106,7 +100,7 @@ def build_pack(args):
     archive = os.path.join(args.dest, PACK_ARCHIVE)
     wanted = {"base_python": args.pack_python, "python_version": version, "format": PACK_FORMAT,
               "machine": platform.machine(), "inputs": pack_inputs(args, args.pack_python)}
-    found = None if args.repack else read_metadata(metadata_path)
+    found = None if args.repack else load_file(metadata_path)
     if found and {key: found.get(key) for key in wanted} == wanted and (
             os.path.isfile(archive) and os.path.getsize(archive) == found.get("size")):
         print("wheelhouse: packed environment %s is up to date" % archive)

@@ -47,6 +47,15 @@ def load(handle):
     return loads(handle.read())
 
 
+def load_file(path):
+    """The document in PATH, or None where it is missing, unreadable or malformed."""
+    try:
+        with open(path) as handle:
+            return load(handle)
+    except (OSError, ValueError):
+        return None
+
+
 def _unknown(value):
     raise TypeError("Object of type %s is not JSON serializable" % type(value).__name__)
 

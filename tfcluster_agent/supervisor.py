@@ -73,12 +73,7 @@ def stop_task(run_dir, name, grace):
     return "stopped" if kill_group(run_dir, name, grace) else "still running"
 
 
-def read_json(path):
-    try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
+read_json = json.load_file
 
 
 def read_int(path):
