@@ -2,15 +2,17 @@
 
 The session fixture `dockerhosts` runs `scripts/dockerhosts up 3` (a private Docker engine; the
 debootstrap base image comes from /var/cache/tfcluster after the first run) and ALWAYS runs
-`down` at the end. Tests run in file order. First the README's Install lines, from the installed
-wheel in an empty folder: init, wheelhouse, a dry run, deploy, mnist_replica across the containers
-through the fence, then teardown. Then the fixture `deployed` makes the checkout's wheelhouse
-(found made: the README's is shared with it) and runs a first offline deploy (the containers reach
-no package index), which unpacks the pack; against it: what the deploy put there (venv,
-TensorFlow, data, fence), a second deploy changes nothing, a --check run of the GPU path, the
-trainer code hash, stop.yml stops what a detached launch left, teardown.yml leaves the packages, users, groups and
-files as the deploy found them, and last `down` after the engine was killed leaves nothing (no
-container, network, engine process, mount, cgroup, bridge or file; firewall as found).
+`down` at the end. Tests run in file order. First the README's Install lines (the session
+fixture `readme_run`), from the installed wheel in an empty folder: init, wheelhouse, a dry run,
+deploy, mnist_replica across the containers through the fence. That is the one deploy from bare
+containers: the fixture `deployed` then makes the checkout's wheelhouse (found made: the README's
+is shared with it) and deploys offline from the checkout over it (the containers reach no package
+index) with the test's data set and a snapshot of the code; against that: what the deploys put
+there (venv unpacked from the pack, TensorFlow, data, fence), a second deploy changes nothing, a
+--check run of the GPU path, the trainer code hash, stop.yml stops what a detached launch left,
+teardown.yml leaves the packages, users, groups and files as the bare containers were, and last
+`down` after the engine was killed leaves nothing (no container, network, engine process, mount,
+cgroup, bridge or file; firewall as found).
 The first two tests need neither root nor Docker: the committed compose files and what
 dockerhosts builds must describe the same hosts.
 """
@@ -186,18 +188,18 @@ def dockerhosts(request):
 
 
 @pytest.fixture(scope="session")
-def deployed(dockerhosts, tmp_path_factory, request):
-    """The containers after a first offline deploy: (hosts, Ansible runner, first run)."""
+def deployed(dockerhosts, readme_run, tmp_path_factory, request):
+    """The containers the README's lines deployed (the first deploy, from bare), deployed again
+    offline from the checkout with the test's inputs (a data set, a snapshot of the code):
+    (hosts, Ansible runner, that deploy's run)."""
     work = str(tmp_path_factory.mktemp("dockerdeploy"))
     hosts = dockerhosts
-    for name in hosts.names:
-        hosts.before[name] = hosts.inventory_of(name)
     started = time.monotonic()
     wheelhouse = ready_wheelhouse()
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
     hosts.timings.append(("tfcluster wheelhouse (and its pack)", time.monotonic() - started))
-    # The hosts' Python is the controller's /usr/bin/python3 (both Debian 12): the deploy
-    # unpacks the packed venv instead of running pip.
+    # The hosts' Python is the controller's /usr/bin/python3 (both Debian 12): the README's
+    # deploy unpacked the packed venv instead of running pip, and this one finds it so.
     assert os.path.isfile(os.path.join(REPO, "wheelhouse", "venv-pack.json")), wheelhouse.stdout[-3000:]
     # The deployed code is a snapshot: other edits of trainers/ cannot change it mid-test.
     trainers = os.path.join(work, "code")
@@ -225,7 +227,7 @@ def deployed(dockerhosts, tmp_path_factory, request):
     ansible = Ansible(dh.INVENTORY, extra, work)
     try:
         first = ansible.run("deploy.yml", "-e", "tensorflow_install_mode=offline",
-                            label="first deploy")
+                            label="deploy over the README's")
         assert first.returncode == 0, explain(first)
         yield hosts, ansible, first
     finally:
@@ -244,79 +246,107 @@ def test_the_inventory_up_writes_works_from_any_folder(dockerhosts, tmp_path):
         assert "%s | CHANGED | rc=0 >>\n%s" % (name, name) in r.stdout, r.stdout
 
 
-@on_containers
-def test_the_readme_install_lines_run_on_bare_containers(dockerhosts, tmp_path, request):
+# The README's inventory (tfcluster init) names the containers ps1, worker1, worker2 thus.
+README_NAMES = {"ps1": "ps0", "worker1": "worker0", "worker2": "worker1"}
+
+
+@pytest.fixture(scope="session")
+def readme_run(dockerhosts, tmp_path_factory, request):
     """README.md's Install lines, read from it, as a user types them: in an empty folder outside
     the checkout, with a venv that has the wheel installed (tests/installed_wheel.py), on the bare
     containers (their addresses for the README's host names, dockerhosts' key and known_hosts for
-    ~/.ssh's). init, wheelhouse (downloaded and packed from nothing), a dry run on hosts never
-    deployed (exit 0), the deploy (the wheel's collection), then mnist_replica across the
-    containers through the fence: nothing of it prints a traceback, leaves a temporary archive or
-    a task running. A plain ansible-playbook of the same playbook then takes the stamp's fast
-    path. The containers are torn down to what they were, and the wheelhouse is shared with the
-    checkout's, which the deploy tests below then find made."""
+    ~/.ssh's). Then a plain ansible-playbook of the same playbook. The containers stay deployed:
+    the deploy tests below build on this first deploy instead of making a second one from bare
+    (the README's deploy is the one from bare that they check), and the last of them tears down.
+    The wheelhouse is shared with the checkout's, which the deploy tests then find made."""
     hosts = dockerhosts
-    before = {name: hosts.inventory_of(name) for name in hosts.names}
-    python, _, _ = install_wheel(build_wheel(str(tmp_path)), str(tmp_path / "installed"))
+    tmp_path = tmp_path_factory.mktemp("readme")
+    run = Readme()
+    # What the containers were before any deploy: the teardown test compares with it.
+    for name in hosts.names:
+        hosts.before[name] = hosts.inventory_of(name)
+    run.python, _, _ = install_wheel(build_wheel(str(tmp_path)), str(tmp_path / "installed"))
     # ~ in the README's lines. A short path, as a home is: the packed venv is built under
     # ~/mycluster/wheelhouse, and pip gives scripts whose interpreter's path would be longer
     # than a #! line allows a /bin/sh preamble instead (the deploy tests below check the #!).
     home = pathlib.Path(tempfile.mkdtemp(prefix="tfc-readme-"))
     request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
     (home / ".ssh").mkdir(parents=True)
-    os.symlink(os.path.dirname(os.path.dirname(python)), home / "tfc")
+    os.symlink(os.path.dirname(os.path.dirname(run.python)), home / "tfc")
     shutil.copy(dh.KEY, home / ".ssh" / "id_ed25519")
     shutil.copy(dh.KNOWN_HOSTS, home / ".ssh" / "known_hosts")
-    (tmp_path / "tmp").mkdir()
+    run.tmp = tmp_path / "tmp"
+    run.tmp.mkdir()
     lines = readme_install.substitute(readme_install.install_lines(), {
         "~/": "%s/" % home, "ps1.example.com": dh.host_addr(1),
         "gpu1.example.com": dh.host_addr(2), "gpu2.example.com": dh.host_addr(3)})
-    cluster = home / "mycluster"
+    run.cluster = home / "mycluster"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     # TMPDIR: where a controller-side temporary archive would be left.
-    env.update(ANSIBLE_NOCOLOR="1", PYTHONPATH="", TMPDIR=str(tmp_path / "tmp"),
+    env.update(ANSIBLE_NOCOLOR="1", PYTHONPATH="", TMPDIR=str(run.tmp),
                ANSIBLE_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"))
-    try:
-        code, ran = readme_install.run_lines(lines, str(home), env, timeout=1500)
-        hosts.timings += [("README: " + line.split("/bin/")[-1][:40], seconds)
-                          for line, seconds, _, _ in ran]
-        assert code == 0 and len(ran) == len(lines), "README line failed: %s\n%s\n%s" % (
-            ran[-1][0], ran[-1][2][-4000:], ran[-1][3][-3000:])
-        for line, _, out, err in ran:
-            assert "Traceback" not in err and "Exception ignored" not in err, (line, err[-3000:])
-        outputs = {line.split("/bin/")[-1]: out for line, _, out, _ in ran}
-        assert "is up to date" not in outputs["tfcluster wheelhouse"]  # made from nothing
-        for key in ("tfcluster deploy -i hosts.yml --check --diff", "tfcluster deploy -i hosts.yml"):
-            out = outputs[key]
-            assert "tfcluster: ansible-playbook tfcluster.cluster.deploy -i hosts.yml" in out, out
-            recap = {m.group(1): m.groups()[1:] for m in RECAP.finditer(out)}
-            for name in ("ps0", "worker0", "worker1"):
-                ok, changed, unreachable, failed = map(int, recap[name][:4])
-                assert changed > 0 and unreachable == failed == 0, (key, out[-4000:])
-        assert os.listdir(tmp_path / "tmp") == [], "left in the controller's temp folder"
-        assert_trained_across_the_containers(hosts, str(cluster / "runs"),
-                                             outputs["tfcluster launch mnist_replica -i hosts.yml "
-                                                     "--smoke"])
+    request.addfinalizer(lambda: close_ssh_masters(str(tmp_path / "cp")))
+    run.code, run.ran = readme_install.run_lines(lines, str(home), env, timeout=1500)
+    hosts.timings += [("README: " + line.split("/bin/")[-1][:40], seconds)
+                      for line, seconds, _, _ in run.ran]
+    run.complete = run.code == 0 and len(run.ran) == len(lines)
+    run.outputs = {line.split("/bin/")[-1]: out for line, _, out, _ in run.ran}
+    if run.complete:
         # Plain Ansible, the same playbook: the stamps tfcluster deploy wrote hold.
         started = time.monotonic()
-        plain = run_installed(python, str(cluster), "-m", "ansible", "playbook",
-                              "tfcluster.cluster.deploy", "-i", "hosts.yml", timeout=600, env=env)
+        run.plain = run_installed(run.python, str(run.cluster), "-m", "ansible", "playbook",
+                                  "tfcluster.cluster.deploy", "-i", "hosts.yml", timeout=600,
+                                  env=env)
         hosts.timings.append(("README: plain ansible-playbook again", time.monotonic() - started))
-        assert plain.returncode == 0, plain.stdout[-4000:] + plain.stderr[-2000:]
-        assert set(stamp_report(plain).values()) == {FAST}, plain.stdout[-4000:]
-    finally:
-        started = time.monotonic()
-        down = run_installed(python, str(cluster), "-m", "tfcluster", "deploy", "-i", "hosts.yml",
-                             "--playbook", "teardown", "-e", "common_remove_user=true",
-                             timeout=600, env=env)
-        hosts.timings.append(("README: teardown", time.monotonic() - started))
-        close_ssh_masters(str(tmp_path / "cp"))
-        wait_for(lambda: not [p for p in processes_matching(str(cluster)) if "plot" in p[1]],
-                 60, "metrics.png to be drawn")
-    assert down.returncode == 0, down.stdout[-4000:] + down.stderr[-2000:]
-    for name in hosts.names:
-        assert hosts.inventory_of(name) == before[name], name
-    readme_install.share_wheelhouse(str(cluster / "wheelhouse"), os.path.join(REPO, "wheelhouse"))
+    close_ssh_masters(str(tmp_path / "cp"))
+    wait_for(lambda: not [p for p in processes_matching(str(run.cluster)) if "plot" in p[1]],
+             60, "metrics.png to be drawn")
+    if os.path.isdir(run.cluster / "wheelhouse"):
+        readme_install.share_wheelhouse(str(run.cluster / "wheelhouse"),
+                                        os.path.join(REPO, "wheelhouse"))
+    return run
+
+
+class Readme:
+    """What readme_run ran: .ran [(line, seconds, stdout, stderr)], .outputs {line: stdout}."""
+    plain = None
+
+    def deploy_statuses(self):
+        """{(task, container name): status} of the README's deploy, the first on bare hosts."""
+        names = {readme: name for name, readme in README_NAMES.items()}
+        out = self.outputs["tfcluster deploy -i hosts.yml"]
+        return {(task.replace("tfcluster.cluster.", ""), names.get(host, host)): statuses
+                for (task, host), statuses in task_status_runs(out).items()}
+
+
+@on_containers
+def test_the_readme_install_lines_run_on_bare_containers(dockerhosts, readme_run):
+    """init, wheelhouse (downloaded and packed from nothing), a dry run on hosts never deployed
+    (exit 0), the deploy (the wheel's collection), then mnist_replica across the containers
+    through the fence: nothing of it prints a traceback, leaves a temporary archive or a task
+    running. A plain ansible-playbook of the same playbook then takes the stamp's fast path.
+    (test_teardown_leaves_the_containers_as_found tears down what this deploy and the deploy
+    tests' left.)"""
+    run = readme_run
+    assert run.complete, "README line failed: %s\n%s\n%s" % (
+        run.ran[-1][0], run.ran[-1][2][-4000:], run.ran[-1][3][-3000:])
+    for line, _, out, err in run.ran:
+        assert "Traceback" not in err and "Exception ignored" not in err, (line, err[-3000:])
+    assert "is up to date" not in run.outputs["tfcluster wheelhouse"]  # made from nothing
+    for key in ("tfcluster deploy -i hosts.yml --check --diff", "tfcluster deploy -i hosts.yml"):
+        out = run.outputs[key]
+        assert "tfcluster: ansible-playbook tfcluster.cluster.deploy -i hosts.yml" in out, out
+        recap = {m.group(1): m.groups()[1:] for m in RECAP.finditer(out)}
+        for name in README_NAMES.values():
+            ok, changed, unreachable, failed = map(int, recap[name][:4])
+            assert changed > 0 and unreachable == failed == 0, (key, out[-4000:])
+    assert os.listdir(run.tmp) == [], "left in the controller's temp folder"
+    assert_trained_across_the_containers(dockerhosts, str(run.cluster / "runs"),
+                                         run.outputs["tfcluster launch mnist_replica -i hosts.yml "
+                                                     "--smoke"])
+    plain = run.plain
+    assert plain.returncode == 0, plain.stdout[-4000:] + plain.stderr[-2000:]
+    assert set(stamp_report(plain).values()) == {FAST}, plain.stdout[-4000:]
 
 
 def assert_trained_across_the_containers(hosts, runs_dir, output):
@@ -343,10 +373,12 @@ def assert_trained_across_the_containers(hosts, runs_dir, output):
 
 @on_containers
 def test_first_deploy_provisions_bare_containers(deployed):
-    hosts, _, first = deployed
+    """The README's deploy provisioned the bare containers (its recap: the README test); the
+    checkout's deploy over it added the test's data set. What both left is there."""
+    hosts, _, over = deployed
     for name in hosts.names:
-        assert first.recap[name]["failed"] == 0 and first.recap[name]["unreachable"] == 0
-        assert first.recap[name]["changed"] > 0, "%s: the first deploy changed nothing" % name
+        assert over.recap[name]["failed"] == 0 and over.recap[name]["unreachable"] == 0
+        assert over.recap[name]["changed"] > 0, "%s: a new data set and nothing changed" % name
         out = hosts.ssh(name, "getent group tfcluster && getent passwd tfcluster && "
                               "stat -c %%a %s/work && cat %s/data/tiny/tiny.txt "
                               "%s/data/tiny/tiny-batches/inner.txt %s/data/tiny/remote.txt && "
@@ -391,20 +423,25 @@ def assert_fast_path(hosts, proc):
 
 
 @on_containers
-def test_first_deploy_unpacked_the_packed_venv(deployed):
+def test_first_deploy_unpacked_the_packed_venv(deployed, readme_run):
     """The venv came from `tfcluster wheelhouse`'s pack (unpacked in the background, waited for before
-    the stamp): no wheelhouse, no pip; its scripts name the host's venv, tf-keras imports,
-    nothing is left of the unpacking, not even Ansible's record of the job."""
-    hosts, _, first = deployed
-    statuses, runs = task_statuses(first.stdout), task_status_runs(first.stdout)
+    the stamp) on the README's deploy, the first on the bare containers: no wheelhouse, no pip;
+    its scripts name the host's venv, tf-keras imports, nothing is left of the unpacking, not even
+    Ansible's record of the job. The checkout's deploy over it found the venv as the same pack
+    left it."""
+    hosts, _, over = deployed
+    runs = readme_run.deploy_statuses()
+    statuses = {key: found[0] for key, found in runs.items()}
     for name in hosts.names:
+        assert task_statuses(over.stdout)[("tensorflow : Ensure the packed environment is on "
+                                           "the host", name)] == "skipping", explain(over)
         assert statuses.get(("tensorflow : Ensure the packed environment is unpacked into the venv",
-                             name)) == "changed", explain(first)
+                             name)) == "changed", runs
         # Skipped in the role (tensorflow_unpack_wait: false), waited for after the datasets role.
         assert runs.get(("tensorflow : Ensure the packed environment's unpack has finished",
-                         name)) == ["skipping", "ok"], explain(first)
+                         name)) == ["skipping", "ok"], runs
         assert statuses.get(("tensorflow : Ensure the packages are installed in the venv", name)) in (
-            None, "skipping"), explain(first)
+            None, "skipping"), runs
         out = hosts.ssh(name, "cd {0} && ls -A; echo --; head -qn1 venv/bin/pip venv/bin/tflite_convert"
                               "; echo --; grep -l venv-pack venv/bin/* venv/pyvenv.cfg; echo --; "
                               "grep -o '\"pack\": \"[0-9a-f]*\"' venv/tfcluster-installed; echo --; "
