@@ -16,6 +16,7 @@ cgroup, bridge or file; firewall as found).
 The first two tests need neither root nor Docker: the committed compose files and what
 dockerhosts builds must describe the same hosts.
 """
+import compileall
 import json
 import os
 import pathlib
@@ -206,6 +207,14 @@ def deployed(dockerhosts, readme_run, tmp_path_factory, request):
     for package in ("tfcluster_agent", "trainers"):
         shutil.copytree(os.path.join(REPO, package), os.path.join(trainers, package),
                         symlinks=True)
+    # Compiled files beside it that the deploy must not ship (test_trainer_code_hash_matches).
+    assert compileall.compile_dir(trainers, quiet=1)
+    # The README's launch left compiled files of its own on the hosts (the trainers' Python wrote
+    # them): without the code there, this deploy ships the snapshot again from the start.
+    for name in hosts.names:
+        gone = hosts.ssh(name, "rm -r {0}/trainers {0}/tfcluster_agent {0}/trainers.sha256"
+                         .format(ROOT))
+        assert gone.returncode == 0, (name, gone.stderr)
     # A mirror the containers download from: an HTTP server on the bridge's gateway address.
     os.makedirs(os.path.join(work, "data", "mirror"))
     mirror = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "--bind", dh.GATEWAY,
