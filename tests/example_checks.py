@@ -5,6 +5,7 @@ import glob
 import json
 import os
 import struct
+import sys
 
 from conftest import assert_run_clean, run_record, tfcluster, wait_for
 from tfcluster_agent import protocol
@@ -124,7 +125,7 @@ def check_metrics_file_and_png(run_dir, wanted):
 def tensorboard_scalars(run_dir, label):
     """{tag: [(step, value)]} from the task's collected event files, read by TensorFlow's own
     event reader (the format TensorBoard loads)."""
-    import tensorflow as tf
+    tf = tensorflow_without_keras3()
     folder = os.path.join(run_dir, "tensorboard", label.replace(":", "-"))
     files = glob.glob(os.path.join(folder, "events.out.tfevents.*"))
     assert files, "no event file in %s (%s)" % (folder, os.listdir(run_dir))
@@ -136,6 +137,23 @@ def tensorboard_scalars(run_dir, label):
     return scalars
 
 
+def tensorflow_without_keras3():
+    """TensorFlow in the test process, imported as the trainers import it (no Keras 3: ~1.4 s of
+    CPU less, see trainers.common.bootstrap.main_guard); the environment that later launches
+    inherit is left as it was."""
+    if "tensorflow" not in sys.modules:
+        saved = os.environ.get("TF_USE_LEGACY_KERAS")
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            if saved is None:
+                del os.environ["TF_USE_LEGACY_KERAS"]
+            else:
+                os.environ["TF_USE_LEGACY_KERAS"] = saved
+    return sys.modules["tensorflow"]
+
+
 def check_tensorboard(run_dir, record, labels, chief):
     """Each task's loss, accuracy and examples/s curves; the chief's global-step rate too."""
     for label in labels:
@@ -145,7 +163,12 @@ def check_tensorboard(run_dir, record, labels, chief):
         assert len(scalars["loss"]) >= points_expected(result, len(labels)), \
             (label, scalars["loss"])
         assert scalars["loss"][-1] == (result["global_step"], pytest_approx(result["loss"]))
-        assert ("global_steps_per_s" in scalars) == (label == chief), (label, sorted(scalars))
+        # The chief writes its rate with each point it logs while training: a loss point beside
+        # the first and the last, missing only when a loaded machine starved it of steps (an
+        # mnist_async run of 2026-11-26: the other workers did the 150 steps in 0.7 s).
+        logged_while_training = len(scalars["loss"]) > 2
+        assert ("global_steps_per_s" in scalars) == (label == chief and logged_while_training), \
+            (label, sorted(scalars), scalars["loss"])
 
 
 def pytest_approx(value):

@@ -334,7 +334,7 @@ def test_code_hash_changes_with_content(tmp_path):
     assert hostcode.code_hash(str(tmp_path)) != second
 
 
-def test_cached_code_hash_follows_every_change(tmp_path):
+def test_cached_code_hash_follows_every_change(tmp_path, monkeypatch):
     code, cache = tmp_path / "code", tmp_path / "cache"
     for package in hostcode.packages():
         (code / package).mkdir(parents=True)
@@ -367,6 +367,15 @@ def test_cached_code_hash_follows_every_change(tmp_path):
     # A skipped name stays skipped on the remembered listing too.
     (code / "trainers" / ".hidden.py").write_text("")
     assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == hostcode.code_hash(str(code))
+    # A folder that changed while its files did not (a __pycache__ made in it): listed once
+    # more, then remembered again, not listed at every preflight after it.
+    (code / "trainers" / "__pycache__").mkdir()
+    listings = []
+    monkeypatch.setattr(hostinfo, "code_files",
+                        lambda *args: listings.append(args) or hostcode.code_files(*args))
+    for _ in range(2):
+        assert hostinfo.cached_code_hash(str(code), str(cache), settle_ns=0) == hostcode.code_hash(str(code))
+    assert len(listings) == 1
 
 
 def test_a_preflight_of_unchanged_code_needs_no_regular_expression(tmp_path):

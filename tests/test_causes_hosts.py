@@ -1,7 +1,8 @@
-"""A firewall between the test hosts, planted before a launch (the preflight refuses it, naming
-both ends) and in the middle of one (the workers' CreateSession wait is diagnosed from their
-hosts). th1 runs ps:0, th2 and th3 a worker each; the rules live in th1's network namespace:
-th2's connections to the ps port are dropped (a timeout), th3's rejected (refused)."""
+"""Causes of hangs on the test hosts. A firewall between them, planted before a launch (the
+preflight refuses it, naming both ends) and in the middle of one (the workers' CreateSession
+wait is diagnosed from their hosts): th1 runs ps:0, th2 and th3 a worker each; the rules live
+in th1's network namespace: th2's connections to the ps port are dropped (a timeout), th3's
+rejected (refused). And a MultiWorkerMirroredStrategy worker stuck before its collective."""
 import os
 import re
 import signal
@@ -88,3 +89,40 @@ def test_a_ps_fenced_mid_run_is_named_from_each_waiting_workers_host(testhosts, 
     # The final report repeats both causes.
     assert len(re.findall(r"\nworker:\d waits in CreateSession for ps:0: ", output)) == 2, output
     assert_run_clean(run_record(runs_dir))
+
+
+def test_mwms_on_the_test_hosts_names_the_worker_stuck_before_its_collective(testhosts,
+                                                                             tmp_path):
+    """MultiWorkerMirroredStrategy over SSH (worker:0 on th2, worker:1 on th3): worker:1 waits
+    for data before the first all-reduce, so worker:0 waits in it. The stall is found on th2 and
+    the cause, named from the stacks taken on both hosts, within --stall-after + 30 s; once
+    worker:1 leaves, the run fails naming it."""
+    stall_after = 3
+    release = tmp_path / "release"  # the hosts share this machine's /tmp
+    runs_dir = str(tmp_path / "runs")
+    program = os.path.join(REPO, "tests", "programs", "mwms_hang.py")
+    launch = Launch(runs_dir, "--cmd", "python " + program, "-i",
+                    ssh_inventory(testhosts, tmp_path), "--plain", "--ps", "0",
+                    "--stall-after", str(stall_after), "--env", "MWMS_RELEASE=%s" % release)
+    try:
+        launch.line(r"worker 1: strategy ready", 120, "worker 1's strategy")
+        ready = time.monotonic()
+        line = next(n for n, text in enumerate(open(program), 1) if "time.sleep" in text)
+        launch.line(r"^tfcluster: worker:0 waits in a collective for worker:1, which is stuck in "
+                    r"wait_for_data \(mwms_hang\.py:%d\)$" % line, stall_after + 30,
+                    "the collective's cause")
+        assert time.monotonic() - ready < stall_after + 30
+        release.touch()
+        output = launch.end(120)
+    finally:
+        launch.kill()
+    assert launch.proc.returncode == 1, output
+    assert re.search(r"tfcluster: worker:0 stalled for \d+ s \(no output, [\d.]+ s CPU\)", output)
+    assert re.search(r"tfcluster: error: worker:0 waited in a collective for worker:1, which "
+                     r"exited 0 at \d\d:\d\d:\d\d, until TensorFlow gave up \(worker:0 exited 1\)",
+                     output), output
+    record = run_record(runs_dir)
+    assert {t["host"] for t in record["tasks"].values()} == {a for _, a in testhosts.hosts[1:3]}
+    assert "tensorflow" in open(os.path.join(runs_dir, record["id"], "stacks",
+                                             "worker-0.txt")).read()
+    assert_run_clean(record)

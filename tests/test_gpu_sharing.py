@@ -709,6 +709,69 @@ def test_gpus_table_rows_for_unreachable_and_gpu_less_hosts():
     assert notes == []
 
 
+def test_gpus_watch_ends_on_ctrl_c_in_a_process_started_with_sigint_ignored(monkeypatch):
+    """A background job (`&`) of a shell without job control starts with SIGINT ignored (a test
+    session run that way, and so its `--watch`, looped on after its Ctrl-C); the watch takes
+    SIGINT itself and puts the disposition it found back."""
+    import contextlib
+    import types
+    from tfcluster import gpustable
+    host = Machine(address="localhost", connection="local")
+    monkeypatch.setattr(gpustable, "Hosts", lambda machines: contextlib.nullcontext())
+    monkeypatch.setattr(gpustable, "query", lambda hosts, machines: outcomes_of({host.key: {
+        "driver": None, "gpus": [], "error": None, "absent": "nvidia-smi: not found"}}))
+
+    class Screen:
+        tables = 0
+
+        def write(self, text):
+            if text.startswith(gpustable.CLEAR):
+                self.tables += 1
+                assert self.tables < 5, "--watch went on after its Ctrl-C"
+                if self.tables == 2:
+                    os.kill(os.getpid(), signal.SIGINT)
+
+        def flush(self):
+            pass
+
+    screen = Screen()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert gpustable.show([types.SimpleNamespace(machine=host)], 0.01, screen) == 0
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert screen.tables == 2
+
+
+def test_closing_a_local_agent_that_does_not_end_kills_it_and_what_it_started(tmp_path,
+                                                                               monkeypatch):
+    """Ctrl-C during a query of a stuck driver: the watch ends without leaving the agent (or its
+    nvidia-smi) to run on. The "agent" here is a shell that never reads its stdin."""
+    import queue
+    from conftest import pid_alive
+    from tfcluster import hosts
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setattr(hosts, "agent_argv", lambda python, package_dir: [
+        "sh", "-c", "sleep 60 & echo $! > %s; wait" % pid_file])
+    monkeypatch.setattr(hosts.AgentLink, "CLOSE_WAIT", 0.2)
+    link = hosts.AgentLink(Machine(address="localhost", connection="local"), queue.Queue())
+    link.spawn()
+    try:
+        wait_for(lambda: pid_file.read_text().strip() if pid_file.exists() else "", 10,
+                 "the busy agent's child to start")
+        child = int(pid_file.read_text())
+        link.close()
+        assert link._proc.returncode is not None
+        wait_for(lambda: not pid_alive(child), 5, "the agent's child to be gone")
+    finally:
+        try:  # without the kill on close: the shell and its sleep
+            os.killpg(link._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        link._proc.wait()
+
+
 @pytest.mark.slow
 def test_gpus_table_and_watch(fake_gpus, tmp_path):
     pid = fake_gpus.use(1, mib=2048)
@@ -744,7 +807,9 @@ def test_gpus_table_and_watch(fake_gpus, tmp_path):
 
             wait_for(gpu3_free, 30, "GPU 3 to show free once its claim is released", interval=0)
             watch.send_signal(signal.SIGINT)
-            assert watch.wait(30) == 0
+            # Read to the end: a watcher blocked on a full pipe could not end.
+            watch.communicate(timeout=30)
+            assert watch.returncode == 0
         finally:
             watch.kill()
     finally:

@@ -1,7 +1,6 @@
 """A launch's GPUs: preflight, placement around busy/unhealthy/claimed GPUs, the claims on every
 host, and with `launch --wait` the wait in each host's queue until all of it passes."""
 import os
-import shutil
 import signal
 import time
 
@@ -129,6 +128,7 @@ def secure(launch, run_preflight, print_table):
             time.sleep(WAIT_POLL_SECONDS)
     except BaseException:
         if said is not None:
+            import shutil  # here: not imported by every launch
             shutil.rmtree(launch.record.dir, ignore_errors=True)  # it only held the wait
         raise
 

@@ -1,7 +1,10 @@
 """`tfcluster gpus`: one table of every GPU of the inventory's hosts and who holds it.
 
 One round trip per host, all hosts at once, through their agents (GpuQuery)."""
+import contextlib
+import signal
 import sys
+import threading
 import time
 
 from tfcluster import gpus
@@ -67,7 +70,7 @@ def show(slots, watch=None, out=None):
     out = out or sys.stdout
     machines = machines_of(slots)
     try:
-        with Hosts(machines) as hosts:
+        with ctrl_c_ends(watch), Hosts(machines) as hosts:
             while True:
                 table, notes = rows(machines, query(hosts, machines))
                 text = "\n".join([render(table)] + notes)
@@ -82,3 +85,18 @@ def show(slots, watch=None, out=None):
                 time.sleep(watch)
     except KeyboardInterrupt:
         return 0
+
+
+@contextlib.contextmanager
+def ctrl_c_ends(watch):
+    """With WATCH, Ctrl-C (SIGINT) raises KeyboardInterrupt even in a process started with SIGINT
+    ignored, as every background job (`&`) of a shell without job control is: the watch has no
+    other end, and its header promises it. The disposition found is put back after."""
+    if not watch or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

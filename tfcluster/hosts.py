@@ -9,6 +9,7 @@ import collections
 import os
 import queue
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -193,6 +194,18 @@ class AgentLink:
                 raise HostError(self.machine, reply.message)
             return reply
 
+    CLOSE_WAIT = 2.0  # seconds a local agent left without a detach gets to end by itself
+
+    def _end_local_agent(self):
+        """Wait for the local agent to end; one still busy (a query of a stuck driver, while
+        Ctrl-C ends `gpus --watch`) is killed with what it started in its session (nvidia-smi;
+        tasks have sessions of their own), not left to end by itself later."""
+        try:
+            self._proc.wait(timeout=self.CLOSE_WAIT)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(timeout=self.CLOSE_WAIT)
+
     def close(self, detach=False):
         """Leave the agent: with DETACH its tasks run on without a lease."""
         if self.closed and self._proc is None and self._connection is None:
@@ -208,7 +221,7 @@ class AgentLink:
                 self._proc.stdin.close()
                 if not detach:
                     # Its tasks are stopped: it ends at once. Waiting keeps "nothing left" exact.
-                    self._proc.wait(timeout=2)
+                    self._end_local_agent()
             if self._channel is not None:
                 self._channel.shutdown_write()
                 self._channel.close()

@@ -1,9 +1,9 @@
 """Run records: runs/<run-id>/run.json plus every task's log, on the controller."""
-import datetime
 import json
 import os
 import re
 import sys
+import time
 
 from tfcluster.errors import UsageError
 from tfcluster.record import RecordError, RunRecord
@@ -11,12 +11,13 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
 def now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    """The time in UTC, ISO 8601 to the second (time, not datetime: 1 ms of every launch)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
 
 
 def new_run_id(example):
     """time-example-host-random: ids from two controllers (or two launches) do not collide."""
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     # uname and urandom: socket and secrets (hmac, random, OpenSSL) would cost every launch 10 ms.
     host = re.sub(r"[^A-Za-z0-9]", "", os.uname().nodename.split(".")[0])[:12] or "host"
     return "%s-%s-%s-%s" % (stamp, example, host, os.urandom(3).hex())

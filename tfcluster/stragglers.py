@@ -66,9 +66,10 @@ class StragglerWatch:
         return found, measure
 
     def tick(self, now=None):
-        import statistics  # here: the CLI imports this module for every command (decimal, random)
         now = now or time.time()
         rates, measure = self.rates(now)
+        if rates:  # statistics (decimal, fractions, random: 4 ms) only where a median is taken
+            import statistics
         for label, rate in rates.items():
             peers = [r for other, r in rates.items() if other != label]
             median = statistics.median(peers) if peers else 0.0

@@ -1,6 +1,5 @@
 """The end of a run: stop every task on every machine in parallel, collect what was not streamed
 (TensorBoard events), write the run's records and print the summary."""
-import base64
 import json
 import os
 import signal
@@ -50,6 +49,8 @@ def collect_files(hosts, cluster, record_dir, skip=()):
         files = []
         link.request(P.Collect(folders=list(COLLECTED_FOLDERS)), timeout=120,
                      what="to send its files", collect=files)
+        if files:
+            import base64  # here: a run without event files decodes none
         for item in files:
             local = safe_join(record_dir, item.path)
             os.makedirs(os.path.dirname(local), exist_ok=True)

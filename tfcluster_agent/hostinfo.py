@@ -229,8 +229,13 @@ def cached_code_hash(code_root, cache_dir, settle_ns=2 * 10**9):
     key = sha256(repr([(rel, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                        for (rel, _), st in zip(files, stats)]).encode()).hexdigest()
     if saved.get("key") == key:
-        return saved["digest"]
-    digest = code_hash(code_root, files)
+        if not dirs:
+            return saved["digest"]
+        # Files as they were, in folders that changed (a __pycache__ made, a file come and
+        # gone): the folders' new times are saved, or every later preflight lists them again.
+        digest = saved["digest"]
+    else:
+        digest = code_hash(code_root, files)
     if not dirs:
         code_files(code_root, dirs)
     listed = [[path, *_times(path)] for path in dirs]

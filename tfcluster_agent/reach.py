@@ -56,8 +56,11 @@ def _connect(host, port):
         _socket.inet_aton(host)  # an address already: the resolver's first call costs 2 ms
         address = (host, int(port))
     except OSError:
+        # A str name goes through the idna codec, whose first use imports re, stringprep and
+        # unicodedata (8 ms of a launch's wait); an ASCII name needs none.
+        name = host.encode() if host.isascii() else host
         try:
-            address = _socket.getaddrinfo(host, int(port), _socket.AF_INET,
+            address = _socket.getaddrinfo(name, int(port), _socket.AF_INET,
                                           _socket.SOCK_STREAM)[0][4]
         except OSError:
             return None, "cannot resolve %s" % host

@@ -10,9 +10,9 @@ faulthandler on a signal and wrote RUN_DIR/.stacks/PID.txt's header. take_stacks
 processes of the tasks' groups that did (and still catch that signal), waits for their dumps
 and writes RUN_DIR/stacks/NAME.txt per task: what each process of the task is doing.
 """
-import collections
 import os
 import time
+from _collections import deque  # collections.deque itself: the package imports 3 ms of modules
 
 from tfcluster_agent import protocol as P
 from tfcluster_agent import supervisor as S
@@ -90,7 +90,7 @@ class _Watched:
         self.pgid = None
         self.log_size = -1
         self.quiet_since = now    # its last output, or its start
-        self.samples = collections.deque()  # (time, its group's CPU) while quiet
+        self.samples = deque()  # (time, its group's CPU) while quiet
         self.stalled = False
 
 

@@ -6,7 +6,9 @@ descent, so its loss really falls."""
 import os
 import time
 
-import tensorflow as tf
+# No Keras here: tf-keras's import instead of Keras 3's (~1.4 s of CPU less per task).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import tensorflow as tf  # noqa: E402
 
 from trainers import protocol  # as the README tells user programs to
 from trainers.common.loop import Scalars

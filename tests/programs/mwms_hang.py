@@ -8,7 +8,9 @@ import os
 import sys
 import time
 
-import tensorflow as tf
+# No Keras here: tf-keras's import instead of Keras 3's (~1.4 s of CPU less per task).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import tensorflow as tf  # noqa: E402
 
 index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 

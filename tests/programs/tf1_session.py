@@ -11,6 +11,8 @@ import os
 if os.environ["TFCLUSTER_TASK"] in os.environ.get("TF1_DROP_EXEMPTION", "").split(","):
     os.environ.pop("no_grpc_proxy", None)
 
+# No Keras here: tf-keras's import instead of Keras 3's (~1.4 s of CPU less per task).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402  (after the environment is final: gRPC reads it once)
 
 tf.compat.v1.disable_eager_execution()

@@ -238,6 +238,10 @@ def main_guard(main):
     environment; Ctrl-C exits 130. A SystemExit message (bad flags, missing data) prints and
     exits 1, without a traceback."""
     quiet_tensorflow()
+    # The trainers use no Keras, yet `import tensorflow` loads Keras 3's optimizers, and with
+    # them scikit-learn and matplotlib: ~1.4 s of CPU in every task. With TF_USE_LEGACY_KERAS it
+    # loads tf-keras's instead (cheaper), or nothing where tf-keras is not installed.
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     try:
         return main(sys.argv[1:], os.environ)
     except KeyboardInterrupt:
