@@ -213,12 +213,20 @@ def test_template_errors_are_usage_errors_before_preflight():
         check_templates(example, cluster)
 
 
-def test_code_deployed_before_the_agent_had_a_main_asks_for_a_deploy(tmp_path):
-    """A host whose tfcluster code predates `python -B ROOT/tfcluster_agent serve`."""
+def test_code_deployed_before_the_agent_had_a_main_asks_for_a_deploy(tmp_path, monkeypatch):
+    """A host whose tfcluster code predates `python -B ROOT/tfcluster_agent serve`. Its error
+    lines are read after its stdout has ended, as on a loaded machine: they still name it."""
     import queue
     import shutil
     import sys
+    import time
     from tfcluster.hosts import AgentLink, HostError
+    drain = AgentLink._drain_stderr
+
+    def late_drain(link, stream):
+        time.sleep(0.5)
+        drain(link, stream)
+    monkeypatch.setattr(AgentLink, "_drain_stderr", late_drain)
     (tmp_path / "tfcluster_agent").mkdir()
     shutil.copy(os.path.join(REPO, "tfcluster_agent", "agent.py"), tmp_path / "tfcluster_agent")
     machine = Machine(address="localhost", connection="local", python=sys.executable,

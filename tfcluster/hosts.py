@@ -139,6 +139,8 @@ class AgentLink:
 
     def failure(self):
         """Why the agent's stream ended, in one line."""
+        for reader in self._readers[1:]:  # its stderr's last lines may come after stdout's end
+            reader.join(2)
         err = "\n".join(self._stderr)
         code = self._proc.poll() if self._proc is not None else (
             self._channel.recv_exit_status() if self._channel is not None and
