@@ -134,7 +134,11 @@ def site_packages():
             continue
         system = {k.strip().lower(): v.strip().lower() for k, v in settings.items()}.get(
             "include-system-site-packages") == "true"
-        return site.getsitepackages([folder] + ([sys.base_prefix] if system else []))
+        found = site.getsitepackages([folder] + ([sys.base_prefix] if system else []))
+        # Debian's site gives a venv its own site-packages only once site.venv() has made
+        # sys.prefix the venv, which -S skips.
+        own = os.path.join(folder, "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+        return found if own in found else [own] + found
     user = [] if sys.flags.no_user_site else [site.getusersitepackages()]
     return user + site.getsitepackages()
 
