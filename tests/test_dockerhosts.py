@@ -436,14 +436,12 @@ def test_first_deploy_unpacked_the_packed_venv(deployed, readme_run):
     """The venv came from `tfcluster wheelhouse`'s pack (unpacked in the background, waited for before
     the stamp) on the README's deploy, the first on the bare containers: no wheelhouse, no pip;
     its scripts name the host's venv, tf-keras imports, nothing is left of the unpacking, not even
-    Ansible's record of the job. The checkout's deploy over it found the venv as the same pack
-    left it."""
-    hosts, _, over = deployed
+    Ansible's record of the job. (Whether the checkout's deploy over it pushes the pack again
+    depends on the checkout's wheelhouse, which the other test session may build meanwhile.)"""
+    hosts, _, _ = deployed
     runs = readme_run.deploy_statuses()
     statuses = {key: found[0] for key, found in runs.items()}
     for name in hosts.names:
-        assert task_statuses(over.stdout)[("tensorflow : Ensure the packed environment is on "
-                                           "the host", name)] == "skipping", explain(over)
         assert statuses.get(("tensorflow : Ensure the packed environment is unpacked into the venv",
                              name)) == "changed", runs
         # Skipped in the role (tensorflow_unpack_wait: false), waited for after the datasets role.
