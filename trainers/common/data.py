@@ -107,10 +107,15 @@ def load_digits(flat=True):
     if spec is None:
         raise SystemExit("--dataset digits needs scikit-learn installed (its bundled digits)")
     path = os.path.join(os.path.dirname(spec.origin), "datasets", "data", "digits.csv.gz")
-    with gzip.open(path, "rt") as rows:
-        table = np.loadtxt(rows, delimiter=",")
-    x = (table[:, :-1].reshape(-1, 8, 8) / 16.0).astype(np.float32)
-    y = table[:, -1].astype(np.int64)
+    if os.path.exists(path):
+        with gzip.open(path, "rt") as rows:
+            table = np.loadtxt(rows, delimiter=",")
+        x, y = table[:, :-1].reshape(-1, 8, 8), table[:, -1]
+    else:  # a scikit-learn that keeps the file elsewhere: its own loader
+        from sklearn.datasets import load_digits as sk_digits
+        bunch = sk_digits()
+        x, y = bunch.images, bunch.target
+    x, y = (x / 16.0).astype(np.float32), y.astype(np.int64)
     order = np.random.default_rng(0).permutation(len(x))
     x, y = x[order], y[order]
     x = x.reshape(len(x), -1) if flat else x[..., np.newaxis]
