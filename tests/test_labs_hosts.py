@@ -1,8 +1,9 @@
 """Labs as they are, on the test hosts (README "Labs"): an ordinary user with no sudo and one
 home for every host (the test hosts share this machine's /home, as lab servers share an NFS
 home), the administrator's half of the deploy done by root, the user's half by the user, then
-sync, launch, status, logs, stop, check and `tfcluster gpus` as that user; a second user's runs
-beside the first one's; a 16-host launch with one shared workdir.
+sync, launch, status, logs, stop, check and `tfcluster gpus` as that user, a built-in example
+across the shared home; a second user's runs beside the first one's; a 16-host launch with one
+shared workdir.
 
 The controller runs as root here (the checkout may sit where no other user can enter); the
 hosts only ever see the ordinary user (ansible_user), who cannot become root. Tests run in file
@@ -243,6 +244,29 @@ def test_sync_launch_status_logs_stop_check_and_gpus_as_the_user(lab):
                     [lab.testhosts.addr(second), "0", "NVIDIA"], [lab.testhosts.addr(third), "-", "ERROR:"]], \
         gpus.stdout
     assert "FAILING: ECC errors: 3" in gpus.stdout
+
+
+def test_an_example_trains_across_the_shared_home(lab):
+    """A built-in example (mnist_replica: a ps, two workers, the chief's checkpoints) from the
+    user's venv and code in the shared home: each machine runs in its own run folder, and each
+    task's log comes back."""
+    (first, _), (second, _), (third, _) = lab.testhosts.hosts[:3]
+    proc = lab.cli("launch", "mnist_replica", "-i", lab.inventory, "--smoke", "--run-id",
+                   "lab-mnist")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    record = run_record(lab.runs, "lab-mnist")
+    run_dir = os.path.join(lab.root, "work", "lab-mnist")
+    hosts = {"ps:0": first, "worker:0": second, "worker:1": third}
+    for label, task in record["tasks"].items():
+        assert task["host_run_dir"] == os.path.join(run_dir, hosts[label])
+        log = os.path.join(lab.runs, "lab-mnist", label.replace(":", "-") + ".log")
+        assert os.path.getsize(log) > 0, label
+    start = max(r["initial_loss"] for r in record["results"].values())
+    for label in ("worker:0", "worker:1"):
+        assert record["tasks"][label]["state"] == "succeeded"
+        assert record["results"][label]["loss"] < 0.7 * start, record["results"][label]
+    for name in (first, second, third):
+        assert lab.ssh(name, "pgrep -u %s -f [m]nist_replica" % lab.user).stdout == ""
 
 
 def test_two_users_side_by_side(lab, tmp_path):

@@ -81,6 +81,31 @@ def test_unpack_swaps_in_the_relocated_venv(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["venv"]
 
 
+def test_a_pack_built_under_umask_077_is_readable_by_every_user(tmp_path):
+    """A venv built by someone whose umask is 077: the pack still lets other users run it (a
+    lab's second user runs the first one's venv), and lets no one but root write it."""
+    old = os.umask(0o077)
+    try:
+        venv = tmp_path / "venv"
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "tool").write_text("#!/bin/sh\n")
+        (venv / "bin" / "tool").chmod(0o700)
+        (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        (venv / "bin" / "python").symlink_to("/usr/bin/python3")
+    finally:
+        os.umask(old)
+    archive = tmp_path / "pack.tar.zst"
+    assert wheelpack.pack_folder(str(venv), str(archive), ZSTD) is None
+    raw = io.BytesIO()
+    with open(archive, "rb") as handle:
+        ZSTD.decompress(handle, raw.write)
+    raw.seek(0)
+    with tarfile.open(fileobj=raw) as tar:
+        modes = {member.name: (member.mode, member.uid) for member in tar if not member.issym()}
+    assert modes == {".": (0o755, 0), "./bin": (0o755, 0), "./bin/tool": (0o755, 0),
+                     "./pyvenv.cfg": (0o644, 0)}, modes
+
+
 def test_zstd_round_trip_over_many_buffers_and_workers():
     """More than one read buffer in and out, compressed by two worker threads as the pack is."""
     data = b"".join(b"%08d %s\n" % (i, os.urandom(8).hex().encode()) for i in range(400000))

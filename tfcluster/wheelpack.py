@@ -34,6 +34,27 @@ def zstd(path):
     return module
 
 
+def pack_folder(folder, path, zstd_module):
+    """FOLDER as a tar.zst at PATH (compressed by ZSTD_MODULE, the role's venv_pack); None, or
+    why it failed. Owned by root on the hosts, readable by every user whatever the builder's
+    umask (a lab lends one venv to the others), never group- or world-writable."""
+    with open(path, "wb") as out:
+        tar = subprocess.Popen(["tar", "-c", "-f", "-", "--sort=name", "--owner=0", "--group=0",
+                                "--numeric-owner", "--mode=a+rX,go-w", "-C", folder, "."],
+                               stdout=subprocess.PIPE)
+        try:
+            zstd_module.compress(tar.stdout, out.write, level=9, window_log=27,
+                                 workers=os.cpu_count() or 1)
+        except zstd_module.ZstdError as error:
+            tar.kill()
+            return str(error)
+        finally:
+            tar.stdout.close()
+        if tar.wait() != 0:
+            return "tar exit code %d" % tar.returncode
+    return None
+
+
 def requirement_lines(path):
     """A requirements file as the tensorflow role reads it: comments and blank lines dropped."""
     with open(path) as handle:
@@ -128,24 +149,10 @@ def build_pack(args):
                 return code
         # Inside the build folder until whole: a failure leaves no 400 MB part in DEST.
         partial = os.path.join(build, PACK_ARCHIVE + ".part")
-        with open(partial, "wb") as out:
-            # Owned by root on the hosts, never group- or world-writable whoever built it.
-            tar = subprocess.Popen(["tar", "-c", "-f", "-", "--sort=name", "--owner=0", "--group=0",
-                                    "--numeric-owner", "--mode=go-w", "-C", venv, "."],
-                                   stdout=subprocess.PIPE)
-            try:
-                zstd_module.compress(tar.stdout, out.write, level=9, window_log=27,
-                                     workers=os.cpu_count() or 1)
-            except zstd_module.ZstdError as error:
-                tar.kill()
-                print("wheelhouse: packing %s failed: %s" % (venv, error), file=sys.stderr)
-                return 1
-            finally:
-                tar.stdout.close()
-            if tar.wait() != 0:
-                print("wheelhouse: packing %s failed (tar exit code %d)" % (venv, tar.returncode),
-                      file=sys.stderr)
-                return 1
+        failure = pack_folder(venv, partial, zstd_module)
+        if failure:
+            print("wheelhouse: packing %s failed: %s" % (venv, failure), file=sys.stderr)
+            return 1
         digest = hashlib.sha256()
         with open(partial, "rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
