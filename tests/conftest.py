@@ -62,6 +62,18 @@ def pytest_collection_modifyitems(config, items):
     items[:] = kept
 
 
+@pytest.fixture(autouse=True)
+def umask_left_as_found():
+    """A test (or the code it calls in-process) that leaves the umask changed fails: whatever
+    the session runs afterwards (a wheelhouse's pack, files handed to another user) would
+    inherit it."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    after = os.umask(before)
+    assert after == before, "the umask was left at %04o (was %04o)" % (after, before)
+
+
 def local_inventory_text(workdir, port_base=None, ps=2, workers=3, chief=1, extra=""):
     """An inventory like inventory/local.yml, with its own work folder and ports."""
     return """all:

@@ -85,10 +85,10 @@ class Launch:
             self.monitor.wake()
 
     def run(self):
-        os.umask(0o077)  # run folders and records are private: logs may hold what tasks print
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            return self._run()
+            with runs.private_files():
+                return self._run()
         except KeyboardInterrupt:
             raise RunInterrupted("interrupted before any task started; nothing to stop") from None
         finally:

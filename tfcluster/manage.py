@@ -153,7 +153,11 @@ def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
 
 def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
     """Stop every task of a run (idempotent), collect its logs and close its record."""
-    os.umask(0o077)
+    with runs.private_files():
+        return _stop(runs_dir, run_id, grace, reporter)
+
+
+def _stop(runs_dir, run_id, grace, reporter):
     reporter = reporter or PlainReporter()
     record = pick(runs_dir, run_id, active_only=run_id is None)
     if gpuqueue.stop_waiting(record, reporter):  # still waiting for GPUs: nothing started

@@ -1,4 +1,5 @@
 """Run records: runs/<run-id>/run.json plus every task's log, on the controller."""
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,17 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 def now():
     """The time in UTC, ISO 8601 to the second (time, not datetime: 1 ms of every launch)."""
     return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+
+
+@contextlib.contextmanager
+def private_files():
+    """Files made inside are their owner's alone (run folders and records: logs may hold what
+    tasks print); the umask is given back afterwards, for whoever called in-process."""
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def new_run_id(example):
