@@ -5,7 +5,12 @@ Prints one JSON line: {"version", "gpus" (TensorFlow's count), "ran" (GPU indice
 was right, computed on that GPU), "errors" {index: text}}; TensorFlow's own log goes to stderr.
 """
 import json
+import os
 import sys
+
+# `import tensorflow` loads Keras 3 (and scikit-learn, matplotlib) unless told to use tf-keras's
+# lighter path: ~2 s of CPU the matmul does not need (trainers.common.bootstrap does the same).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 result = {"version": None, "gpus": 0, "ran": [], "errors": {}}
 try:
