@@ -22,7 +22,7 @@ one machine; stale hosts from a crashed run are removed with `down` before `up`.
 `leftovers()` lists whatever testhosts left behind (tfc-* namespaces and links,
 sshd processes started from .testhosts, /opt binds, state dir, inventory).
 `exclusive()` is for tests that run their own up/down cycle: it pauses the
-session hosts (if they are up) and brings them back afterwards.
+session hosts (if they are up); they come back before the next test that uses them.
 """
 
 import contextlib
@@ -162,21 +162,28 @@ class HostSet:
 
 @contextlib.contextmanager
 def exclusive():
-    """Run own up/down cycles: pause the session hosts if up, restore afterwards."""
+    """Run own up/down cycles: pause the session hosts if up. They come back before the next
+    test that uses them (pytest_runtest_setup), so tests of their own in a row pay one `up`."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
     _acquire_session_lock()
     session = _REGISTRY.session_hosts
-    paused = session is not None and session.is_up
-    if paused:
+    if session is not None and session.is_up:
         session.down()
     try:
         yield
     finally:
         run_script("down")  # whatever the test did
-        if paused:
-            session.up()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The session hosts up again (exclusive() leaves them down) before any fixture of a test
+    that uses them is set up, module fixtures included."""
+    session = _REGISTRY.session_hosts
+    if session is not None and not session.is_up and "testhosts" in item.fixturenames:
+        session.up()
 
 
 @pytest.fixture(scope="session")

@@ -106,18 +106,27 @@ def lab(testhosts, tmp_path_factory):
     try:
         yield lab
     finally:
-        lab.close()
+        try:
+            lab.close()
+        finally:  # what the root step left in /etc goes even when the user's removal failed
+            remove_root_step(testhosts, made, before)
+
+
+def remove_root_step(testhosts, made, before):
+    """The fence (each host's namespace and the shared /etc), the GPU fact and the service
+    group and user, where the lab made them (BEFORE: what existed before it)."""
+    if testhosts.is_up:
         for name, _ in testhosts.hosts[:3]:  # the fence lives in each host's namespace
             netns_nft(testhosts, name, "delete", "table", "inet", "tfcluster")
-        for path in made:  # files first, then the folders the GPU fact needed
-            if not before[path] and os.path.isfile(path):
-                os.unlink(path)
-            elif not before[path] and os.path.isdir(path) and not os.listdir(path):
-                os.rmdir(path)
-        if not before["user"]:
-            subprocess.run(["userdel", "tfcluster"], capture_output=True)
-        if not before["group"]:
-            subprocess.run(["groupdel", "tfcluster"], capture_output=True)
+    for path in made:  # files first, then the folders the GPU fact needed
+        if not before[path] and os.path.isfile(path):
+            os.unlink(path)
+        elif not before[path] and os.path.isdir(path) and not os.listdir(path):
+            os.rmdir(path)
+    if not before["user"]:
+        subprocess.run(["userdel", "tfcluster"], capture_output=True)
+    if not before["group"]:
+        subprocess.run(["groupdel", "tfcluster"], capture_output=True)
 
 
 def test_a_users_deploy_refuses_without_the_administrators_half(lab):

@@ -89,7 +89,9 @@ def remove(name):
     stuck = kill_and_wait(processes(found.pw_uid), 10.0)
     if stuck:
         raise Fail(f"processes of {name} did not exit: {stuck}")
-    run(["userdel", "--remove", name])
+    # A home may hold an unpacked TensorFlow venv: tens of thousands of files, over a minute
+    # to delete on a loaded machine.
+    run(["userdel", "--remove", name], timeout=600)
 
 
 def leftovers():
