@@ -1,5 +1,6 @@
 """The README's Install section as a test runs it (tests/test_dockerhosts.py): its own lines,
 read from README.md, run one after another in bash, so that the two cannot drift apart."""
+import fcntl
 import os
 import re
 import subprocess
@@ -68,3 +69,21 @@ def share_wheelhouse(source, dest):
             continue
         os.link(path, target + ".link")
         os.replace(target + ".link", target)
+
+
+def pack_cache_unused(cache):
+    """True when CACHE (`tfcluster wheelhouse --pack-cache`) is unset, or holds no pack and no
+    wheelhouse uses it: a wheelhouse started now packs from nothing."""
+    if not cache or not os.path.isdir(cache):
+        return True
+    if [name for name in os.listdir(cache) if not name.startswith(".")]:
+        return False
+    lock = os.path.join(cache, ".lock")
+    if not os.path.exists(lock):
+        return True
+    with open(lock) as handle:
+        try:  # a shared lock: refused while a wheelhouse holds the exclusive one
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+    return True

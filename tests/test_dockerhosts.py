@@ -40,14 +40,15 @@ if TESTS not in sys.path:
 from ansible_run import (RECAP, Ansible, ansible_tool, close_ssh_masters, explain,  # noqa: E402
                          task_status_runs, task_statuses, tiny_dataset)
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
-from conftest import (DOCKERHOSTS_LOCK, hold_lock, pid_alive, processes_matching,  # noqa: E402
-                      ready_wheelhouse, run_record, tfcluster, wait_for)
+from conftest import (DOCKERHOSTS_LOCK, WHEELHOUSE_LOCK, hold_lock, pid_alive,  # noqa: E402
+                      processes_matching, ready_wheelhouse, run_record, tfcluster, wait_for)
 import readme_install  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
 from hostlib import engine as dockerd  # noqa: E402
 from hostlib import image  # noqa: E402
 from hostlib.common import proc_cmdline  # noqa: E402
 from hostlib.ssh import ssh_base  # noqa: E402
+from tfcluster.wheelhouse import PACK_CACHE_ENV  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "scripts", "dockerhosts")
 ROOT = "/opt/tfcluster"
@@ -295,6 +296,9 @@ def readme_run(dockerhosts, tmp_path_factory, request):
     env.update(ANSIBLE_NOCOLOR="1", PYTHONPATH="", TMPDIR=str(run.tmp),
                ANSIBLE_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"))
     request.addfinalizer(lambda: close_ssh_masters(str(tmp_path / "cp")))
+    if not readme_install.pack_cache_unused(env.get(PACK_CACHE_ENV)):
+        # Another session of this make test packed first: from nothing all the same.
+        env[PACK_CACHE_ENV] = str(tmp_path / "packs")
     run.code, run.ran = readme_install.run_lines(lines, str(home), env, timeout=1500)
     hosts.timings += [("README: " + line.split("/bin/")[-1][:40], seconds)
                       for line, seconds, _, _ in run.ran]
@@ -311,8 +315,13 @@ def readme_run(dockerhosts, tmp_path_factory, request):
     wait_for(lambda: not [p for p in processes_matching(str(run.cluster)) if "plot" in p[1]],
              60, "metrics.png to be drawn")
     if os.path.isdir(run.cluster / "wheelhouse"):
-        readme_install.share_wheelhouse(str(run.cluster / "wheelhouse"),
-                                        os.path.join(REPO, "wheelhouse"))
+        # Not while the other session's lab tests make the checkout's (ready_wheelhouse).
+        lock = hold_lock(WHEELHOUSE_LOCK, timeout=1800)
+        try:
+            readme_install.share_wheelhouse(str(run.cluster / "wheelhouse"),
+                                            os.path.join(REPO, "wheelhouse"))
+        finally:
+            os.close(lock)
     return run
 
 
@@ -341,7 +350,10 @@ def test_the_readme_install_lines_run_on_bare_containers(dockerhosts, readme_run
         run.ran[-1][0], run.ran[-1][2][-4000:], run.ran[-1][3][-3000:])
     for line, _, out, err in run.ran:
         assert "Traceback" not in err and "Exception ignored" not in err, (line, err[-3000:])
-    assert "is up to date" not in run.outputs["tfcluster wheelhouse"]  # made from nothing
+    # Made from nothing: downloaded and packed here, not found made nor linked from a cache.
+    wheelhouse = run.outputs["tfcluster wheelhouse"]
+    assert "is up to date" not in wheelhouse and "from the pack cache" not in wheelhouse, wheelhouse
+    assert re.search(r"^wheelhouse: packed environment \S+, \d+ MB", wheelhouse, re.M), wheelhouse
     for key in ("tfcluster deploy -i hosts.yml --check --diff", "tfcluster deploy -i hosts.yml"):
         out = run.outputs[key]
         assert "tfcluster: ansible-playbook tfcluster.cluster.deploy -i hosts.yml" in out, out

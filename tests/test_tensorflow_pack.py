@@ -17,7 +17,7 @@ import pytest
 
 from ansible_run import run_on_local_hosts, task_status_runs, task_statuses
 from conftest import REPO
-from tfcluster import wheelhouse, wheelpack
+from tfcluster import packcache, wheelhouse, wheelpack
 
 UNPACK = os.path.join(REPO, "roles", "tensorflow", "files", "venv_pack.py")
 PREFIX = "/build/.venv-pack-x/venv"
@@ -321,3 +321,52 @@ def test_background_unpack_is_waited_for_and_its_failure_fails_the_deploy(tmp_pa
     assert not os.path.exists(str(damaged) + ".new")
     # The good host's job record was removed; the failed one's stays for a look (Ansible's way).
     assert len(os.listdir(jobs)) == 1, os.listdir(jobs)
+
+
+def test_a_pack_in_the_cache_is_linked_not_built(tmp_path, capsys):
+    """A second wheelhouse with the same inputs (another folder) gets the first's pack from the
+    cache, as a link; one with other inputs does not."""
+    cache = str(tmp_path / "cache")
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+    first = pack_args(tmp_path / "one", "--pack-python", sys.executable, "--pack-cache", cache)
+    metadata = write_pack(first, sys.executable)
+    wanted = {key: metadata[key] for key in ("base_python", "python_version", "format", "machine",
+                                             "inputs")}
+    os.makedirs(cache)
+    packcache.store(cache, wanted, first.dest, (wheelpack.PACK_ARCHIVE, wheelpack.PACK_METADATA))
+    second = pack_args(tmp_path / "two", "--pack-python", sys.executable, "--pack-cache", cache)
+    assert wheelpack.build_pack(second) == 0
+    assert "copied from the pack cache" in capsys.readouterr().out
+    for name in (wheelpack.PACK_ARCHIVE, wheelpack.PACK_METADATA):
+        assert os.path.samefile(os.path.join(first.dest, name), os.path.join(second.dest, name))
+    assert wheelpack.matching_pack(second.dest, wanted) == metadata
+    # Another wheel list: another key, with nothing under it.
+    with open(os.path.join(second.dest, "extra-1.0-py3-none-any.whl"), "w") as handle:
+        handle.write("another input")
+    other = packcache.entry(cache, dict(wanted, inputs=wheelpack.pack_inputs(second, sys.executable)))
+    assert other != packcache.entry(cache, wanted) and not os.path.exists(other)
+
+
+def test_a_second_wheelhouse_waits_for_the_cache_lock(tmp_path):
+    cache = str(tmp_path / "cache")
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+             "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)")
+    with packcache.locked(cache):
+        held = subprocess.run([sys.executable, "-c", probe, os.path.join(cache, packcache.LOCK)],
+                              capture_output=True, text=True, timeout=60)
+        assert held.returncode != 0 and "BlockingIOError" in held.stderr, held.stderr
+    free = subprocess.run([sys.executable, "-c", probe, os.path.join(cache, packcache.LOCK)],
+                          capture_output=True, text=True, timeout=60)
+    assert free.returncode == 0, free.stderr
+
+
+def test_an_unusable_pack_cache_is_a_usage_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "tfcluster", "wheelhouse", "--dest",
+                           str(tmp_path / "wheelhouse"), "--pack-cache", str(blocker / "cache")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cannot use the pack cache" in proc.stderr and "Traceback" not in proc.stderr
+    assert not os.path.exists(tmp_path / "wheelhouse" / wheelpack.PACK_METADATA)

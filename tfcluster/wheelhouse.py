@@ -24,7 +24,9 @@ DEST/venv-pack.tar.zst (zstd through libzstd, which every Debian host has) besid
 DEST/venv-pack.json (the interpreter, machine, build folder and the inputs the role records in
 the venv's `tfcluster-installed`). In offline mode the role unpacks it on every host whose Python
 and inputs match instead of running pip. A rerun with the same inputs keeps the pack (--repack
-builds it again). No pack for --no-cpu (GPU hosts install with pip) or when the base interpreter
+builds it again). With --pack-cache DIR (or $TFCLUSTER_PACK_CACHE) a pack is also kept in DIR by
+its inputs: another wheelhouse with the same inputs links it from there instead of building it,
+and one started while another uses DIR waits for it. No pack for --no-cpu (GPU hosts install with pip) or when the base interpreter
 is missing or is not the Python the wheels were picked for.
 
 The files it reads (the constraints, the requirements, the TensorFlow version) are those of the
@@ -41,6 +43,8 @@ from tfcluster.deploy import controller_dir, find_content
 
 # The header line the tensorflow role checks against tensorflow_version.
 HEADER = "# tfcluster_tf_version: %s"
+# The pack cache's folder when --pack-cache is not given (make test: one per run).
+PACK_CACHE_ENV = "TFCLUSTER_PACK_CACHE"
 
 
 class Content:
@@ -111,6 +115,10 @@ def add_arguments(parser):
                         help="make no packed environment (hosts then install with pip)")
     parser.add_argument("--repack", action="store_true",
                         help="build the packed environment again even when it is up to date")
+    parser.add_argument("--pack-cache", metavar="DIR",
+                        help="a folder of packs kept by their inputs: a pack built from the same "
+                             "inputs is linked from it instead of built, and a second wheelhouse "
+                             "using it waits for the first (default: $%s, else none)" % PACK_CACHE_ENV)
     parser.add_argument("--pack-python", default="/usr/bin/python3",
                         help="the hosts' base interpreter the packed venv is made with; it must "
                              "exist here with the hosts' version (default: %(default)s)")
@@ -125,6 +133,7 @@ def complete(args, content):
     args.tf_version = args.tf_version or content.tf_version()
     args.pip = args.pip.split() if args.pip else content.pip()
     args.venv_pack = content.venv_pack
+    args.pack_cache = args.pack_cache or os.environ.get(PACK_CACHE_ENV) or None
     return args
 
 
@@ -216,8 +225,6 @@ def main(argv=None, prog="wheelhouse"):
 
 
 def run(args):
-    # Here, not at the top: `tfcluster` builds every command's parser (add_arguments) each start.
-    from tfcluster.wheelpack import build_pack, call
     content = Content()
     if args.lock and content.installed and args.constraints is None:
         print("wheelhouse: --lock rewrites the constraints file the deploy installs with, which "
@@ -241,6 +248,24 @@ def run(args):
         if code != 0 or args.lock:
             return code
     os.makedirs(args.dest, exist_ok=True)
+    if not (args.pack and args.pack_cache):
+        return download_and_pack(args)
+    try:
+        os.makedirs(args.pack_cache, exist_ok=True)
+    except OSError as error:
+        print("wheelhouse: cannot use the pack cache %s (%s): pass another --pack-cache or unset %s"
+              % (args.pack_cache, error.strerror, PACK_CACHE_ENV), file=sys.stderr)
+        return 2
+    # Held from the download on: the second of two wheelhouses started together finds the
+    # first's pack in the cache instead of building the same one beside it.
+    from tfcluster.packcache import locked
+    with locked(args.pack_cache):
+        return download_and_pack(args)
+
+
+def download_and_pack(args):
+    # Here, not at the top: `tfcluster` builds every command's parser (add_arguments) each start.
+    from tfcluster.wheelpack import build_pack, call
     started = time.monotonic()
     for cmd in (pip_command(args), no_deps_command(args)):
         code = call(cmd, "pip download failed")

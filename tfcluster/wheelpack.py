@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from tfcluster import packcache
 from tfcluster_agent.jsonc import load_file
 
 # The packed environment in DEST: the archive and its metadata (tensorflow_pack_metadata).
@@ -95,6 +96,16 @@ def call(cmd, failure):
     return code
 
 
+def matching_pack(folder, wanted):
+    """FOLDER's pack metadata when it was built from WANTED and its archive is whole, else None."""
+    found = load_file(os.path.join(folder, PACK_METADATA))
+    archive = os.path.join(folder, PACK_ARCHIVE)
+    if found and {key: found.get(key) for key in wanted} == wanted and (
+            os.path.isfile(archive) and os.path.getsize(archive) == found.get("size")):
+        return found
+    return None
+
+
 def build_pack(args):
     """The packed environment in DEST, unless one with the same inputs is there. Returns an exit
     code; a pack that cannot be made for a reason the user chose (--no-cpu, another Python) is
@@ -121,10 +132,14 @@ def build_pack(args):
     archive = os.path.join(args.dest, PACK_ARCHIVE)
     wanted = {"base_python": args.pack_python, "python_version": version, "format": PACK_FORMAT,
               "machine": platform.machine(), "inputs": pack_inputs(args, args.pack_python)}
-    found = None if args.repack else load_file(metadata_path)
-    if found and {key: found.get(key) for key in wanted} == wanted and (
-            os.path.isfile(archive) and os.path.getsize(archive) == found.get("size")):
+    if not args.repack and matching_pack(args.dest, wanted):
         print("wheelhouse: packed environment %s is up to date" % archive)
+        return 0
+    cached = packcache.entry(args.pack_cache, wanted) if args.pack_cache else None
+    if cached and not args.repack and matching_pack(cached, wanted):
+        packcache.fetch(cached, args.dest, (PACK_ARCHIVE, PACK_METADATA))
+        print("wheelhouse: packed environment %s copied from the pack cache %s"
+              % (archive, cached))
         return 0
     started = time.monotonic()
     # The metadata goes last: a pack is complete when its metadata names it.
@@ -165,6 +180,8 @@ def build_pack(args):
         os.rename(metadata_path + ".part", metadata_path)
     finally:
         shutil.rmtree(build, ignore_errors=True)
+    if cached:
+        packcache.store(args.pack_cache, wanted, args.dest, (PACK_ARCHIVE, PACK_METADATA))
     print("wheelhouse: packed environment %s, %.0f MB (%.0f s)"
           % (archive, metadata["size"] / 1e6, time.monotonic() - started))
     return 0
