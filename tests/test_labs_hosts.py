@@ -1,9 +1,9 @@
 """Labs as they are, on the test hosts (README "Labs"): an ordinary user with no sudo and one
 home for every host (the test hosts share this machine's /home, as lab servers share an NFS
 home), the administrator's half of the deploy done by root, the user's half by the user, then
-sync, launch, status, logs, stop, check and `tfcluster gpus` as that user, a built-in example
-across the shared home; a second user's runs beside the first one's; a 16-host launch with one
-shared workdir.
+sync, launch, status, logs, stop, check and `tfcluster gpus` as that user, every built-in
+example across the shared home; a second user's runs beside the first one's; a 16-host launch
+with one shared workdir.
 
 The controller runs as root here (the checkout may sit where no other user can enter); the
 hosts only ever see the ordinary user (ansible_user), who cannot become root. Tests run in file
@@ -255,27 +255,56 @@ def test_sync_launch_status_logs_stop_check_and_gpus_as_the_user(lab):
     assert "FAILING: ECC errors: 3" in gpus.stdout
 
 
-def test_an_example_trains_across_the_shared_home(lab):
-    """A built-in example (mnist_replica: a ps, two workers, the chief's checkpoints) from the
-    user's venv and code in the shared home: each machine runs in its own run folder, and each
-    task's log comes back."""
-    (first, _), (second, _), (third, _) = lab.testhosts.hosts[:3]
-    proc = lab.cli("launch", "mnist_replica", "-i", lab.inventory, "--smoke", "--run-id",
-                   "lab-mnist")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    record = run_record(lab.runs, "lab-mnist")
-    run_dir = os.path.join(lab.root, "work", "lab-mnist")
-    hosts = {"ps:0": first, "worker:0": second, "worker:1": third}
-    for label, task in record["tasks"].items():
-        assert task["host_run_dir"] == os.path.join(run_dir, hosts[label])
-        log = os.path.join(lab.runs, "lab-mnist", label.replace(":", "-") + ".log")
-        assert os.path.getsize(log) > 0, label
-    start = max(r["initial_loss"] for r in record["results"].values())
-    for label in ("worker:0", "worker:1"):
-        assert record["tasks"][label]["state"] == "succeeded"
-        assert record["results"][label]["loss"] < 0.7 * start, record["results"][label]
-    for name in (first, second, third):
-        assert lab.ssh(name, "pgrep -u %s -f [m]nist_replica" % lab.user).stdout == ""
+def every_example_inventory(lab):
+    """The lab inventory with slots enough for every example (2 ps, 3 workers, a chief) on the
+    same three machines: several slots of one machine share its home, venv and code."""
+    (first, a1), (second, a2), (third, a3) = lab.testhosts.hosts[:3]
+    text = open(lab.inventory).read().split("  children:")[0]
+    text += ("  children:\n    ps:\n      hosts:\n        %s: {ansible_host: %s}\n"
+             "        %s-ps: {ansible_host: %s}\n    worker:\n      hosts:\n"
+             "        %s: {ansible_host: %s}\n        %s: {ansible_host: %s}\n"
+             "        %s-w: {ansible_host: %s}\n    chief:\n      hosts:\n"
+             "        %s-chief: {ansible_host: %s}\n"
+             % (first, a1, second, a2, second, a2, third, a3, first, a1, third, a3))
+    path = lab.work / "every-example.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_every_example_trains_across_the_shared_home(lab):
+    """Every built-in example (--smoke) from the user's venv, code and data sets in the shared
+    home: each succeeds, each machine runs in its own run folder, each task's log comes back,
+    nothing is left running; mnist_replica's loss falls."""
+    hostnames = {name for name, _ in lab.testhosts.hosts[:3]}
+    inventory = every_example_inventory(lab)
+    names = [line.split()[0] for line in lab.cli("examples", check=0).stdout.splitlines()]
+    assert len(names) >= 12 and "mnist_replica" in names, names
+    failed = {}
+    for example in names:
+        run_id = "lab-" + example.replace("_", "-")
+        proc = lab.cli("launch", example, "-i", inventory, "--smoke", "--run-id", run_id)
+        if proc.returncode != 0:
+            failed[example] = (proc.stdout[-1500:] + proc.stderr[-1500:])
+            continue
+        record = run_record(lab.runs, run_id)
+        run_dir = os.path.join(lab.root, "work", run_id)
+        machines = {task["address"].rsplit(":", 1)[0] for task in record["tasks"].values()}
+        for label, task in record["tasks"].items():
+            if len(machines) == 1:  # no other machine of the run shares the workdir
+                assert task["host_run_dir"] == run_dir, (example, task)
+            else:
+                assert os.path.dirname(task["host_run_dir"]) == run_dir, (example, task)
+                assert os.path.basename(task["host_run_dir"]) in hostnames, (example, task)
+            log = os.path.join(lab.runs, run_id, label.replace(":", "-") + ".log")
+            assert os.path.getsize(log) > 0, (example, label)
+        if example == "mnist_replica":
+            start = max(r["initial_loss"] for r in record["results"].values())
+            for label in ("worker:0", "worker:1"):
+                assert record["tasks"][label]["state"] == "succeeded"
+                assert record["results"][label]["loss"] < 0.7 * start, record["results"][label]
+    assert not failed, failed
+    for name in hostnames:
+        assert lab.ssh(name, "pgrep -u %s -f [t]rainers" % lab.user).stdout == ""
 
 
 def test_two_users_side_by_side(lab, tmp_path):
