@@ -26,8 +26,9 @@ the venv's `tfcluster-installed`). In offline mode the role unpacks it on every 
 and inputs match instead of running pip. A rerun with the same inputs keeps the pack (--repack
 builds it again). With --pack-cache DIR (or $TFCLUSTER_PACK_CACHE) a pack is also kept in DIR by
 its inputs: another wheelhouse with the same inputs links it from there instead of building it,
-and one started while another uses DIR waits for it. No pack for --no-cpu (GPU hosts install with pip) or when the base interpreter
-is missing or is not the Python the wheels were picked for.
+and one started while another uses DIR waits for it. No pack for --no-cpu (GPU hosts install
+with pip) or when the base interpreter is missing or is not the Python the wheels were picked
+for.
 
 The files it reads (the constraints, the requirements, the TensorFlow version) are those of the
 checkout or wheel this tfcluster runs from. Standard library only: scripts/wheelhouse runs it
