@@ -4,6 +4,7 @@ Run by the nvidia_driver role's `verify` entry point with the hosts' TensorFlow 
 Prints one JSON line: {"version", "gpus" (TensorFlow's count), "ran" (GPU indices whose result
 was right, computed on that GPU), "errors" {index: text}}; TensorFlow's own log goes to stderr.
 """
+import gc
 import json
 import os
 import sys
@@ -11,6 +12,8 @@ import sys
 # `import tensorflow` loads Keras 3 (and scikit-learn, matplotlib) unless told to use tf-keras's
 # lighter path: ~2 s of CPU the matmul does not need (trainers.common.bootstrap does the same).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# The cycle collector's passes over the import's objects are a quarter of its CPU: paused.
+gc.disable()
 
 result = {"version": None, "gpus": 0, "ran": [], "errors": {}}
 try:
