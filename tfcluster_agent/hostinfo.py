@@ -189,10 +189,10 @@ def python_report(python, cache_dir=None, import_seconds=120):
         except (OSError, ValueError):
             pass  # a damaged cache entry is checked again
     import subprocess
-    probe = ("import gc, sys; gc.disable(); import tensorflow as tf; print(tf.__version__); "
-             "print(sys.version.split()[0])")
-    # As the trainers import it (bootstrap): without Keras 3 and without the cycle collector's
-    # passes over the import's objects, ~3 s of CPU less.
+    probe = ("import gc, sys; gc.disable(); sys.modules['tf_keras'] = None; "
+             "import tensorflow as tf; print(tf.__version__); print(sys.version.split()[0])")
+    # As the trainers import it (bootstrap.import_tensorflow): without Keras 3 or tf-keras's
+    # optimizers, without the cycle collector's passes over the import's objects.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
     try:
         out = subprocess.run([python, "-c", probe], capture_output=True, text=True,

@@ -12,8 +12,10 @@ import sys
 # `import tensorflow` loads Keras 3 (and scikit-learn, matplotlib) unless told to use tf-keras's
 # lighter path: ~2 s of CPU the matmul does not need (trainers.common.bootstrap does the same).
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-# The cycle collector's passes over the import's objects are a quarter of its CPU: paused.
+# As the trainers import it (trainers/common/bootstrap.py): the cycle collector's passes over
+# the import's objects (a quarter of its CPU) paused, tf-keras's optimizers not imported eagerly.
 gc.disable()
+sys.modules["tf_keras"] = None
 
 result = {"version": None, "gpus": 0, "ran": [], "errors": {}}
 try:
