@@ -19,6 +19,8 @@ from tfcluster_agent.hostinfo import port_is_free as port_free  # noqa: E402,F40
 
 pytest_plugins = ["fixtures_testhosts"] if os.path.exists(
     os.path.join(TESTS, "fixtures_testhosts.py")) else []
+if os.environ.get("CPU_OF_CGROUP"):  # under scripts/cpu-of: each test's CPU seconds
+    pytest_plugins.append("cpu_per_test")
 
 # Tests use their own port range so a user's runs on 2222+ never collide with them; each test
 # takes a block of free ports. Sessions side by side (scripts/testsuite) get ranges of their own
