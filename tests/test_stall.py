@@ -101,6 +101,25 @@ def test_a_stalled_task_that_computes_again_resumes(tmp_path, monkeypatch):
     assert [type(m) for m in sent] == [stall.Stalled, stall.Resumed, stall.Stalled]
 
 
+def test_members_that_exit_are_no_idleness(tmp_path, monkeypatch):
+    """A computing task's group loses a member (its CPU leaves the live members' sum), then every
+    member (the task is being stopped): neither reads as a stall."""
+    group = {"cpu": 5.0, "members": [4242, 4243]}
+    watcher, clock, sent = watch(tmp_path, monkeypatch, [0.0])
+    monkeypatch.setattr(stall, "scan_groups", lambda pgids: {
+        pgid: (group["cpu"], list(group["members"])) for pgid in pgids})
+    for _ in range(12):
+        group["cpu"] += 0.5
+        advance(watcher, clock, 1)
+    group["cpu"], group["members"] = group["cpu"] - 8.0, [4242]  # reaped by no member
+    for _ in range(12):
+        group["cpu"] += 0.5
+        advance(watcher, clock, 1)
+    group["cpu"], group["members"] = 0.0, []
+    advance(watcher, clock, 30)
+    assert sent == []
+
+
 def test_the_watch_looks_rarely_and_needs_a_run():
     assert stall.poll_interval(120) == 5 and stall.poll_interval(3) == 1
     with pytest.raises(ValueError, match="started no run"):

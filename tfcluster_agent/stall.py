@@ -92,6 +92,16 @@ class _Watched:
         self.quiet_since = now    # its last output, or its start
         self.samples = deque()  # (time, its group's CPU) while quiet
         self.stalled = False
+        self.last_scan = None     # the group's CPU as last scanned
+        self.cpu_gone = 0.0       # what members that exited took out of the scanned sum
+
+    def cpu(self, scanned):
+        """The group's CPU seconds as a sum that never falls: a member that exits takes its
+        seconds out of the live members' sum (unless a member reaped it), which is no idleness."""
+        if self.last_scan is not None and scanned < self.last_scan:
+            self.cpu_gone += self.last_scan - scanned
+        self.last_scan = scanned
+        return scanned + self.cpu_gone
 
 
 class StallWatch:
@@ -139,7 +149,9 @@ class StallWatch:
         if quiet:
             groups = scan_groups([w.pgid for w in quiet])
             for watched in quiet:
-                self._judge(watched, now, groups[watched.pgid][0])
+                scanned, members = groups[watched.pgid]
+                if members:  # none: the task has ended (being stopped), its exit on its way
+                    self._judge(watched, now, watched.cpu(scanned))
 
     def _judge(self, watched, now, cpu):
         """Stalled: quiet for STALL_AFTER, and the CPU of the last STALL_AFTER seconds (a
