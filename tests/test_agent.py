@@ -3,6 +3,7 @@ process groups, exit records, streamed output, lease, ownership, identities, por
 import json
 import os
 import queue
+import signal
 import socket
 import stat
 import subprocess
@@ -105,6 +106,27 @@ def test_tasks_stream_output_and_exit_status_and_keep_secrets(agent, tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
     assert json.loads((run_dir / "worker-0.task.json").read_text())["env_names"] == ["GREETING"]
+
+
+def test_ends_found_together_are_reported_in_the_order_they_happened(agent, tmp_path):
+    """Both tasks end while the agent is stopped, the second of its list first: their exits
+    come in the order their supervisors recorded them, each with that time."""
+    run_dir, go = tmp_path / "run", tmp_path / "go"
+    wait = "while [ ! -e %s ]; do sleep 0.02; done; " % go
+    start(agent, run_dir, [{"name": "worker-0", "command": wait + "sleep 0.3"},
+                           {"name": "worker-1", "command": wait + "exit 1"}])
+    wait_for(lambda: all((run_dir / (n + ".pid")).exists() for n in ("worker-0", "worker-1")),
+             20, "both tasks to start")
+    os.kill(agent.proc.pid, signal.SIGSTOP)
+    try:
+        go.touch()
+        wait_for(lambda: all((run_dir / (n + ".status")).exists()
+                             for n in ("worker-0", "worker-1")), 20, "both tasks to end")
+    finally:
+        os.kill(agent.proc.pid, signal.SIGCONT)
+    first, second = agent.next(P.Exited), agent.next(P.Exited)
+    assert [first.name, second.name] == ["worker-1", "worker-0"]
+    assert first.ended == os.stat(run_dir / "worker-1.status").st_mtime < second.ended
 
 
 def test_a_forked_supervisor_keeps_nothing_of_the_agent_and_outlives_it(agent, tmp_path):

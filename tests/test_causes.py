@@ -4,6 +4,7 @@ Real launches of the same: test_causes_launch.py (local) and test_causes_hosts.p
 import io
 import queue
 import time
+from types import SimpleNamespace
 
 from rich.console import Console
 
@@ -167,7 +168,44 @@ def test_the_earliest_failure_is_named_first_and_the_others_follow_it(tmp_path, 
                 real_emit(link, waiting)
             held.append(None)
     monkeypatch.setattr(FakeLink, "emit", emit)
-    outcome, record, console, hosts = run(
+    _, _, console = run_blaming_the_ps(tmp_path)
+    rows = {line.split()[0]: line for line in console.splitlines() if line.startswith(
+        ("ps:0 ", "worker:0 ", "worker:1 "))}
+    assert rows["ps:0"].endswith("(first failure)") and rows["worker:1"].endswith("(after ps:0)")
+
+
+def test_ends_that_arrive_out_of_order_are_ordered_by_their_hosts_times(tmp_path, monkeypatch):
+    """The workers' ends reach the launcher first and fail the run; the ps's, which happened
+    before them on the same host, comes during the teardown: the run is blamed on the ps all
+    the same, its headline included."""
+    held, real_emit, real_request = [], FakeLink.emit, FakeLink.request
+    ended = time.time()
+
+    def emit(link, msg):
+        if isinstance(msg, P.Exited):
+            msg = P.Exited(name=msg.name, code=msg.code, state=msg.state,
+                           ended=ended + (0 if msg.name == "ps-0" else 0.1))
+            if msg.name == "ps-0":
+                held.append(msg)
+                return
+        real_emit(link, msg)
+
+    def request(link, msg, *args, **kwargs):
+        if isinstance(msg, P.Stop):
+            for waiting in held:
+                real_emit(link, waiting)
+            held.clear()
+        return real_request(link, msg, *args, **kwargs)
+    monkeypatch.setattr(FakeLink, "emit", emit)
+    monkeypatch.setattr(FakeLink, "request", request)
+    outcome, record, _ = run_blaming_the_ps(tmp_path)
+    assert outcome.task.label == "ps:0" and record["failure"] == str(outcome)
+
+
+def run_blaming_the_ps(tmp_path):
+    """A run whose ps is killed and whose workers then fail: (outcome, record, console), once
+    checked that the ps is named first."""
+    outcome, record, console, _ = run(
         tmp_path, cluster_of(), {"ps-0": [137], "worker-0": [1], "worker-1": [1]})
     assert isinstance(outcome, RunFailed)
     assert str(outcome).startswith("ps:0 on 10.0.0.1 ended while the run was active (was killed "
@@ -175,9 +213,25 @@ def test_the_earliest_failure_is_named_first_and_the_others_follow_it(tmp_path, 
     story = [line for line in console.splitlines() if "failed after" in line]
     assert len(story) == 1 and story[0].startswith(
         "worker:0 and worker:1 failed after ps:0 was killed by SIGKILL at "), console
-    rows = {line.split()[0]: line for line in console.splitlines() if line.startswith(
-        ("ps:0 ", "worker:0 ", "worker:1 "))}
-    assert rows["ps:0"].endswith("(first failure)") and rows["worker:1"].endswith("(after ps:0)")
+    return outcome, record, console
+
+
+def test_end_order_keeps_each_hosts_times_and_the_controllers_order_across_hosts():
+    def task(label, host):
+        return SimpleNamespace(label=label, machine=SimpleNamespace(key=host))
+    ps, worker, other = task("ps:0", "a"), task("worker:0", "a"), task("worker:1", "b")
+    ends = rootcause.EndOrder()
+    ends.exited(other, 50.0)     # another host, its clock far behind: heard first, stays first
+    ends.exited(worker, 100.1)
+    ends.teardown_began()
+    ends.exited(ps, 100.0)       # heard last, happened before worker:0 on the same host
+    assert sorted(["worker:0", "ps:0", "worker:1"], key=ends.order) == [
+        "worker:1", "ps:0", "worker:0"]
+    assert ends.before_teardown("ps:0") and ends.before_teardown("worker:0")
+    ends.exited(task("worker:2", "a"), 100.2)
+    assert not ends.before_teardown("worker:2")
+    ends.started(ps)
+    assert not ends.ended("ps:0") and ends.order("ps:0") == float("inf")
 
 
 def test_tasks_the_teardown_stopped_are_not_failures():

@@ -56,8 +56,8 @@ class Causes:
         self._waiting = {pair: at for pair, at in self._waiting.items() if pair[0] != task.label}
         self.waiting.pop(task.label, None)
 
-    def exited(self, task):
-        self.ends.exited(task)
+    def exited(self, task, at=None):
+        self.ends.exited(task, at)
         self.stragglers.ended(task)
 
     def metric(self, task, point):

@@ -13,7 +13,7 @@ from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
 from tfcluster.hosts import Hosts
 from tfcluster.metrics import MetricsStore, efficiency_message
-from tfcluster.monitor import Monitor, describe_exit, first_failure, policy_met, tracked
+from tfcluster.monitor import Monitor, failed_run, first_failure, policy_met, tracked
 from tfcluster.plan import launch_counts, make_cluster
 from tfcluster.plot import draw_in_background
 from tfcluster.preflight import controller_code_hash, preflight, print_preflight
@@ -157,8 +157,8 @@ class Launch:
             crash = err
         finally:
             if outcome is not None or not options.detach:
-                finish(self.hosts, self.cluster, self.record, self.monitor, outcome,
-                       options.stop_grace, self.reporter, lost={m.key for m in lost})
+                outcome = finish(self.hosts, self.cluster, self.record, self.monitor, outcome,
+                                 options.stop_grace, self.reporter, lost={m.key for m in lost})
             self.metrics.close()
             if self.metrics.latest():
                 draw_in_background(self.record.dir)
@@ -283,15 +283,7 @@ class Launch:
             if failed and self._restart(failed[0], failed[1]):
                 continue
             if failed:
-                task, message = failed
-                if task.job == "ps" and task.label not in monitor.listening:
-                    message = "%s on %s %s before it listened on %s" % (
-                        task.label, task.machine.address,
-                        describe_exit(monitor.states[task.label]), task.address)
-                from tfcluster.diagnose import collective_abort_cause  # a failure's: its regexes
-                message = collective_abort_cause(cluster, monitor.states, monitor.ended_at, task,
-                                                 monitor.tails[task.label]) or message
-                return RunFailed(message, task=task), []
+                return failed_run(monitor, *failed), []
             lost = monitor.lost_machines(options.lost_contact)
             if lost:
                 return RunFailed("lost contact with %s for %gs: its agent stopped answering" % (

@@ -11,8 +11,9 @@ import signal
 import time
 import types
 
-from tfcluster import runs
+from tfcluster import rootcause, runs
 from tfcluster.causes import Causes
+from tfcluster.errors import RunFailed
 from tfcluster.hosts import CLOSED
 from tfcluster.record import RestartEntry, RunState, TaskState, TaskStatus, check_transition
 from tfcluster_agent import protocol as P
@@ -88,7 +89,7 @@ class Monitor:
         elif isinstance(msg, P.Exited):
             self.ended_at[task.label] = time.time()
             state = self._set(task, alive=False, exit=msg.code, state=TaskState(msg.state))
-            self.causes.exited(task)
+            self.causes.exited(task, msg.ended)
             self.reporter.task_exited(task, msg.code, str(task_state(task, state)))
         elif msg.kind in ("stalled", "resumed") and self.on_stall is not None:
             self.on_stall(task, msg)
@@ -233,13 +234,45 @@ def first_failure(cluster, states, order=None):
         state = states.get(task.label)
         if not state or state.alive:
             continue
-        code = state.exit
-        if task.job in TRACKED_JOBS and code != 0:
-            return task, "%s on %s %s" % (task.label, task.machine.address, describe_exit(state))
-        if task.job == "ps":
-            return task, "%s on %s ended while the run was active (%s)" % (
-                task.label, task.machine.address, describe_exit(state))
+        if (task.job in TRACKED_JOBS and state.exit != 0) or task.job == "ps":
+            return task, failure_message(task, state)
     return None
+
+
+def failure_message(task, state):
+    if task.job == "ps":
+        return "%s on %s ended while the run was active (%s)" % (
+            task.label, task.machine.address, describe_exit(state))
+    return "%s on %s %s" % (task.label, task.machine.address, describe_exit(state))
+
+
+def failed_run(monitor, task, message=None):
+    """RunFailed for the end of TASK that failed the run (MESSAGE: first_failure's), said with
+    what is known of it: a ps that never listened, a collective that lost its peers."""
+    message = message or failure_message(task, monitor.states[task.label])
+    if task.job == "ps" and task.label not in monitor.listening:
+        message = "%s on %s %s before it listened on %s" % (
+            task.label, task.machine.address, describe_exit(monitor.states[task.label]),
+            task.address)
+    from tfcluster.diagnose import collective_abort_cause  # a failure's: its regexes
+    return RunFailed(collective_abort_cause(monitor.cluster, monitor.states, monitor.ended_at,
+                                            task, monitor.tails[task.label]) or message,
+                     task=task)
+
+
+def earliest_failure(monitor, outcome):
+    """OUTCOME, or the run's failure named by an earlier end heard after it (ends from one host
+    can arrive out of order; the teardown hears the last of them)."""
+    task = getattr(outcome, "task", None)
+    if not isinstance(outcome, RunFailed) or task is None or \
+            not monitor.causes.ends.ended(task.label):
+        return outcome
+    found = rootcause.failures(monitor.cluster, monitor.states, monitor.ended_at,
+                               monitor.causes.ends)
+    if not found or found[0][0] is task or \
+            monitor.causes.ends.order(found[0][0].label) > monitor.causes.ends.order(task.label):
+        return outcome
+    return failed_run(monitor, found[0][0])
 
 
 def describe_exit(state):

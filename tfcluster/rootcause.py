@@ -3,11 +3,10 @@
 
 A TensorFlow cluster fails in cascades: a ps dies, and every worker's next step fails with
 UnavailableError a moment later. Naming the task that failed first in the list's order (the
-workers come before the ps) blames a victim. Endings are ordered as the controller heard them:
-one clock for every host (the monitor's ended_at), and each host's own events in the order they
-happened.
+workers come before the ps) blames a victim. Endings are ordered as the controller heard them
+(one clock for every host, whose clocks may disagree), and each host's own ends by the times that
+host recorded them.
 """
-import itertools
 import signal
 
 from tfcluster.diagnose import describe_end, joined_labels
@@ -18,26 +17,51 @@ _STOPPED_BY_US = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 
 class EndOrder:
-    """In which order the tasks' ends were heard, and where the teardown began among them."""
+    """In which order the tasks ended, and where the teardown began among them: as the
+    controller heard them, except that a host's own ends keep the order of their times on that
+    host (an agent reports each end on its own, and a worker's can overtake its ps's)."""
+
+    TEARDOWN = None
 
     def __init__(self):
-        self.heard = {}  # label -> its place
-        self.teardown_at = None
-        self._places = itertools.count()
+        self._ends = []  # (label, machine key, host time or None), and TEARDOWN, in order
+        self._places = {}  # label -> its index in _ends (the launcher asks on every tick)
 
-    def exited(self, task):
-        self.heard[task.label] = next(self._places)
+    def exited(self, task, at=None):
+        """TASK ended, at AT on its host's clock when known."""
+        self.started(task)
+        place = len(self._ends)
+        if at is not None:
+            place = next((i for i, end in enumerate(self._ends)
+                          if end is not self.TEARDOWN and end[1] == task.machine.key
+                          and end[2] is not None and end[2] > at), place)
+        self._ends.insert(place, (task.label, task.machine.key, at))
+        self._index()
 
     def started(self, task):
-        self.heard.pop(task.label, None)
+        self._ends = [end for end in self._ends
+                      if end is self.TEARDOWN or end[0] != task.label]
+        self._index()
 
     def teardown_began(self):
-        if self.teardown_at is None:
-            self.teardown_at = next(self._places)
+        if self.TEARDOWN not in self._ends:
+            self._ends.append(self.TEARDOWN)
+            self._index()
+
+    def _index(self):
+        self._places = {end[0] if end is not self.TEARDOWN else self.TEARDOWN: i
+                        for i, end in enumerate(self._ends)}
 
     def order(self, label):
         """Sort key: earlier ends first, tasks still running last."""
-        return self.heard.get(label, float("inf"))
+        return self._places.get(label, float("inf"))
+
+    def ended(self, label):
+        return self.order(label) != float("inf")
+
+    def before_teardown(self, label):
+        """Whether LABEL's end came before the teardown began (or no teardown began)."""
+        return self.order(label) < self._places.get(self.TEARDOWN, float("inf"))
 
 
 def ending(status, at):
@@ -53,11 +77,11 @@ def failures(cluster, states, ended_at, ends):
     found = []
     for task in cluster.tasks:
         status = states.get(task.label)
-        if status is None or status.alive or task.label not in ends.heard:
+        if status is None or status.alive or not ends.ended(task.label):
             continue
         lost = status.state == TaskState.LOST
         failed = (lost or status.exit != 0) if task.job in FAILING_JOBS else task.job == "ps"
-        before_teardown = ends.teardown_at is None or ends.heard[task.label] < ends.teardown_at
+        before_teardown = ends.before_teardown(task.label)
         if failed and (before_teardown or lost or status.exit not in _STOPPED_BY_US):
             found.append((task, status, ended_at.get(task.label)))
     found.sort(key=lambda item: ends.order(item[0].label))

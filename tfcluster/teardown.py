@@ -8,7 +8,7 @@ import threading
 from tfcluster import runs
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.hints import print_hints
-from tfcluster.monitor import TAIL_LINES, policy_met
+from tfcluster.monitor import TAIL_LINES, earliest_failure, policy_met
 from tfcluster.record import RunState, TaskState
 from tfcluster.stall import stall_cause
 from tfcluster.summary import print_summary
@@ -72,7 +72,8 @@ def safe_join(folder, relative):
 
 def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by_user=False,
            lost=()):
-    """Stop everything, collect, record the end, print the summary."""
+    """Stop everything, collect, record the end, print the summary; returns OUTCOME, or the
+    failure that came before it (earliest_failure)."""
     monitor.causes.teardown_began()  # tasks that end from here on may be ours to stop
     with signals_deferred(reporter):
         leftovers = stop_tasks(hosts, cluster, grace, skip=lost)
@@ -81,6 +82,7 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
         hosts.close()
         monitor.pump(0)
         monitor.close()
+    outcome = earliest_failure(monitor, outcome)
     for line in leftovers + problems:
         reporter.note("WARNING " + line)
     try:
@@ -99,6 +101,7 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
         print_hints(reporter, record.dir, [task.log for task in record.tasks.values()
                                            if task.state is TaskState.FAILED and task.log])
     reporter.note("logs and run.json in %s" % record.dir)
+    return outcome
 
 
 def record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, problems):

@@ -296,7 +296,7 @@ class Agent(ReachRequests):
 
     def watch(self, readable=()):
         """Pass on output, starts, listening ports and exits; True while something is pending."""
-        pending = False
+        pending, ends = False, []
         for task in self.tasks.values():
             if task.exit_sent:
                 continue
@@ -330,9 +330,13 @@ class Agent(ReachRequests):
                 ended = not state["alive"]
                 pending = True
             if ended:
-                state = S.task_state(self.run_dir, task.name)
                 task.exit_sent = True
-                self.send(P.Exited(name=task.name, code=state["exit"], state=state["state"]))
+                ends.append((S.end_time(self.run_dir, task.name) or time.time(), task.name))
+        # The ends found in one pass go out in the order they happened (a ps killed, then the
+        # workers it took down), not in this loop's.
+        for at, name in sorted(ends):
+            state = S.task_state(self.run_dir, name)
+            self.send(P.Exited(name=name, code=state["exit"], state=state["state"], ended=at))
         return pending
 
     def _finish_stop(self):

@@ -288,6 +288,7 @@ class Exited:
     name: str
     code: int | None
     state: str  # exited | lost
+    ended: float | None = None  # when, on the host's clock (its exit status's record)
 
 
 @message

@@ -134,6 +134,14 @@ def task_state(run_dir, name):
     return {"pid": (record or {}).get("pid"), "alive": alive, "exit": code, "state": state}
 
 
+def end_time(run_dir, name):
+    """When the task's end was recorded (its status file's time on this host's clock), or None."""
+    try:
+        return os.stat(os.path.join(run_dir, name + ".status")).st_mtime
+    except OSError:
+        return None
+
+
 def kill_group(run_dir, name, grace, reap=None):
     """TERM the task's group, KILL it after GRACE seconds; True when it is gone (or not ours).
 
