@@ -58,19 +58,6 @@ def run_lines(lines, cwd, env, timeout):
     return proc.returncode, ran
 
 
-def share_wheelhouse(source, dest):
-    """DEST/ gets SOURCE/'s files as hard links (replacing those of the same name): a checkout's
-    wheelhouse then finds the wheels and the pack already made."""
-    os.makedirs(dest, exist_ok=True)
-    for name in os.listdir(source):
-        path = os.path.join(source, name)
-        target = os.path.join(dest, name)
-        if not os.path.isfile(path) or (os.path.exists(target) and os.path.samefile(path, target)):
-            continue
-        os.link(path, target + ".link")
-        os.replace(target + ".link", target)
-
-
 def pack_cache_unused(cache):
     """True when CACHE (`tfcluster wheelhouse --pack-cache`) is unset, or holds no pack and no
     wheelhouse uses it: a wheelhouse started now packs from nothing."""

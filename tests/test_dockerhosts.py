@@ -40,8 +40,8 @@ if TESTS not in sys.path:
 from ansible_run import (RECAP, Ansible, ansible_tool, close_ssh_masters, explain,  # noqa: E402
                          task_status_runs, task_statuses, tiny_dataset)
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
-from conftest import (DOCKERHOSTS_LOCK, WHEELHOUSE_LOCK, hold_lock, pid_alive,  # noqa: E402
-                      processes_matching, ready_wheelhouse, run_record, tfcluster, wait_for)
+from conftest import (DOCKERHOSTS_LOCK, hold_lock, pid_alive, processes_matching,  # noqa: E402
+                      ready_wheelhouse, run_record, share_wheelhouse, tfcluster, wait_for)
 import readme_install  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
 from hostlib import engine as dockerd  # noqa: E402
@@ -315,13 +315,7 @@ def readme_run(dockerhosts, tmp_path_factory, request):
     wait_for(lambda: not [p for p in processes_matching(str(run.cluster)) if "plot" in p[1]],
              60, "metrics.png to be drawn")
     if os.path.isdir(run.cluster / "wheelhouse"):
-        # Not while the other session's lab tests make the checkout's (ready_wheelhouse).
-        lock = hold_lock(WHEELHOUSE_LOCK, timeout=1800)
-        try:
-            readme_install.share_wheelhouse(str(run.cluster / "wheelhouse"),
-                                            os.path.join(REPO, "wheelhouse"))
-        finally:
-            os.close(lock)
+        share_wheelhouse(str(run.cluster / "wheelhouse"))
     return run
 
 

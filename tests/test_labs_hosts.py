@@ -35,7 +35,7 @@ FAKE = os.path.join(REPO, "tests", "programs", "fake_task.py")
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
 
 
-def lab_inventory(testhosts, path, user, **extra):
+def lab_inventory(testhosts, path, user, wheelhouse, **extra):
     lines = ["all:", "  vars:", "    ansible_user: %s" % user,
              "    ansible_ssh_private_key_file: %s" % testhosts.key,
              '    ansible_ssh_common_args: "-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes '
@@ -43,6 +43,7 @@ def lab_inventory(testhosts, path, user, **extra):
              "    ansible_python_interpreter: /usr/bin/python3",
              "    tfcluster_known_hosts: %s" % testhosts.known_hosts,
              "    tensorflow_install_mode: offline",
+             "    tensorflow_wheelhouse_src: %s" % wheelhouse,
              "    tfcluster_port_base: %d" % PORT_BASE]
     lines += ["    %s: %s" % item for item in extra.items()]
     (ps, ps_addr), *workers = testhosts.hosts[:3]
@@ -57,12 +58,12 @@ class Lab:
     """One ordinary user's view: their inventory, runs folder and home; the controller's
     Ansible connections (closed at the end)."""
 
-    def __init__(self, testhosts, work, user):
-        self.testhosts, self.work, self.user = testhosts, work, user
+    def __init__(self, testhosts, work, user, wheelhouse):
+        self.testhosts, self.work, self.user, self.wheelhouse = testhosts, work, user, wheelhouse
         self.entry = labusers.add(user, str(testhosts.key) + ".pub")
         self.home = self.entry.pw_dir
         self.root = os.path.join(self.home, "tfcluster")
-        self.inventory = lab_inventory(testhosts, work / ("%s.yml" % user), user)
+        self.inventory = lab_inventory(testhosts, work / ("%s.yml" % user), user, self.wheelhouse)
         self.runs = str(work / ("runs-" + user))
         (work / "extra.json").write_text("{}")
         self.ansible = Ansible(self.inventory, str(work / "extra.json"), str(work / user))
@@ -92,7 +93,9 @@ def netns_nft(testhosts, host, *args):
 def lab(testhosts, tmp_path_factory):
     """The user tfc-lab1 and what the tests make for them; afterwards the user, their home and
     whatever the root step put into this machine's /etc are gone again."""
-    wheelhouse = ready_wheelhouse()
+    # A copy of its own: the container session may replace the checkout's between two deploys.
+    work = tmp_path_factory.mktemp("labs")
+    wheelhouse = ready_wheelhouse(copy_to=str(work / "wheelhouse"))
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
     made = [FENCE_FILE, GPU_FACT, os.path.dirname(GPU_FACT), os.path.dirname(os.path.dirname(GPU_FACT))]
     before = {path: os.path.exists(path) for path in made}
@@ -101,8 +104,7 @@ def lab(testhosts, tmp_path_factory):
             before[name] = lookup("tfcluster") is not None
         except KeyError:
             before[name] = False
-    work = tmp_path_factory.mktemp("labs")
-    lab = Lab(testhosts, work, USER)
+    lab = Lab(testhosts, work, USER, str(work / "wheelhouse"))
     try:
         yield lab
     finally:
@@ -245,7 +247,7 @@ def test_sync_launch_status_logs_stop_check_and_gpus_as_the_user(lab):
     assert stale.stderr.count("its trainer code differs from this checkout's") == 3, stale.stderr
     assert one_writer(lab.cli("sync", "-i", lab.inventory, check=0).stdout, lab)
     assert "all 3 host(s) ready" in lab.cli("check", "-i", lab.inventory, check=0).stdout
-    inventory = lab_inventory(lab.testhosts, lab.work / "gpus.yml", lab.user,
+    inventory = lab_inventory(lab.testhosts, lab.work / "gpus.yml", lab.user, lab.wheelhouse,
                               tfcluster_nvidia_smi=os.path.join(code, "nvidia-smi"))
     gpus = lab.cli("gpus", "-i", inventory, check=1)  # the third host's nvidia-smi fails
     rows = sorted(line.split()[:3] for line in gpus.stdout.splitlines()[1:])
@@ -312,11 +314,11 @@ def test_two_users_side_by_side(lab, tmp_path):
     share with the lab): the same ports are refused naming the first user's run, other ports
     run beside it; the second user can neither stop nor read the first one's run."""
     (first, _), *_ = lab.testhosts.hosts[:3]
-    other = Lab(lab.testhosts, tmp_path, OTHER)
+    other = Lab(lab.testhosts, tmp_path, OTHER, lab.wheelhouse)
     try:
         os.chmod(lab.home, 0o711)  # the first user lends their venv to the lab
         venv_python = os.path.join(lab.root, "venv", "bin", "python")
-        other.inventory = lab_inventory(lab.testhosts, tmp_path / "other.yml", OTHER,
+        other.inventory = lab_inventory(lab.testhosts, tmp_path / "other.yml", OTHER, lab.wheelhouse,
                                         tfcluster_python=venv_python)
         for name, _ in lab.testhosts.hosts[:3]:  # one home: made once
             assert other.ssh(name, "mkdir -p ~/tfcluster").returncode == 0
@@ -328,7 +330,7 @@ def test_two_users_side_by_side(lab, tmp_path):
         refused = other.cli("launch", "--cmd", "python fake_task.py", *code, "-i", other.inventory,
                             "--detach", "--run-id", "second", *forever, check=3)
         assert "claimed by run first (user %s)" % USER in refused.stderr, refused.stderr
-        moved = lab_inventory(lab.testhosts, tmp_path / "moved.yml", OTHER,
+        moved = lab_inventory(lab.testhosts, tmp_path / "moved.yml", OTHER, lab.wheelhouse,
                               tfcluster_python=venv_python, tfcluster_port_base=PORT_BASE + 10)
         other.cli("launch", "--cmd", "python fake_task.py", *code, "-i", moved, "--detach",
                   "--run-id", "second", *forever, check=0)
