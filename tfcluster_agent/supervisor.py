@@ -135,7 +135,7 @@ def task_state(run_dir, name):
 
 
 def end_time(run_dir, name):
-    """When the task's end was recorded (its status file's time on this host's clock), or None."""
+    """When the task's end was seen (its status file's time, this host's clock), or None."""
     try:
         return os.stat(os.path.join(run_dir, name + ".status")).st_mtime
     except OSError:
@@ -318,6 +318,7 @@ def supervise(run_dir, name, lease, spec, out_fd):
             else:
                 open_fds.remove(read_end)
         if (exited is None or exited in ready) and proc.poll() is not None:
+            ended_ns = time.time_ns()
             break
         if lease_expired(run_dir, lease):
             emit(b"tfcluster agent: controller lease expired, stopping the task\n")
@@ -334,4 +335,7 @@ def supervise(run_dir, name, lease, spec, out_fd):
         pass
     code = proc.returncode
     write_atomic(base + ".status", str(code if code >= 0 else 128 - code))
+    # Its time is when the end was seen, to the nanosecond (end_time): a file's own times move
+    # by the kernel's tick, and the tasks of a cascade end milliseconds apart.
+    os.utime(base + ".status", ns=(ended_ns, ended_ns))
 
