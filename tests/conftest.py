@@ -111,9 +111,7 @@ def local_env(tmp_path):
     inventory.write_text(local_inventory_text(str(tmp_path / "work")))
     runs_dir = tmp_path / "runs"
     yield str(inventory), str(runs_dir)
-    # A run's metrics.png is drawn by a process of its own after the prompt: it ends by itself.
-    wait_for(lambda: not [p for p in processes_matching(str(tmp_path)) if "tfcluster.plot" in p[1]],
-             60, "metrics.png to be drawn")
+    wait_for_pictures(str(runs_dir), str(tmp_path))
     leftovers = stop_leftovers(str(tmp_path))
     assert not leftovers, "processes of the test were still running: %s" % leftovers
 
@@ -157,6 +155,32 @@ def processes_matching(text):
         if text in cmdline or text in environ:
             found.append((int(pid), cmdline.strip()))
     return found
+
+
+def wait_for_pictures(runs_dir, marker):
+    """Every ended run in RUNS_DIR with metrics points has its metrics.png, and no process whose
+    command line names MARKER still draws one: the launcher (or `tfcluster stop`) draws it in a
+    process of its own once the run's end is recorded, after the prompt. The pictures are
+    waited for, not only the process table: one look at /proc missed a drawing under way."""
+    def drawn():
+        runs = [os.path.join(runs_dir, name) for name in os.listdir(runs_dir)] \
+            if os.path.isdir(runs_dir) else []
+        pending = [run for run in runs if picture_due(run)
+                   and not os.path.exists(os.path.join(run, "metrics.png"))]
+        return not pending and not [p for p in processes_matching(marker)
+                                    if "tfcluster.plot" in p[1]]
+    wait_for(drawn, 60, "metrics.png to be drawn in %s" % runs_dir)
+
+
+def picture_due(run_dir):
+    """Whether RUN_DIR's run ended with metrics points (its end recorded: a run whose controller
+    was killed draws nothing)."""
+    try:
+        with open(os.path.join(run_dir, "run.json")) as handle:
+            ended = json.load(handle).get("ended")
+        return bool(ended) and os.path.getsize(os.path.join(run_dir, "metrics.jsonl")) > 0
+    except (OSError, ValueError):
+        return False
 
 
 def stop_leftovers(marker):

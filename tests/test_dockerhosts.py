@@ -41,7 +41,8 @@ from ansible_run import (RECAP, Ansible, ansible_tool, close_ssh_masters, explai
                          task_status_runs, task_statuses, tiny_dataset)
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
 from conftest import (DOCKERHOSTS_LOCK, hold_lock, pid_alive, processes_matching,  # noqa: E402
-                      ready_wheelhouse, run_record, share_wheelhouse, tfcluster, wait_for)
+                      ready_wheelhouse, run_record, share_wheelhouse, tfcluster, wait_for,
+                      wait_for_pictures)
 import readme_install  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
 from hostlib import engine as dockerd  # noqa: E402
@@ -312,8 +313,7 @@ def readme_run(dockerhosts, tmp_path_factory, request):
                                   env=env)
         hosts.timings.append(("README: plain ansible-playbook again", time.monotonic() - started))
     close_ssh_masters(str(tmp_path / "cp"))
-    wait_for(lambda: not [p for p in processes_matching(str(run.cluster)) if "plot" in p[1]],
-             60, "metrics.png to be drawn")
+    wait_for_pictures(str(run.cluster / "runs"), str(run.cluster))
     if os.path.isdir(run.cluster / "wheelhouse"):
         share_wheelhouse(str(run.cluster / "wheelhouse"))
     return run
