@@ -283,7 +283,7 @@ class Launch:
             if failed and self._restart(failed[0], failed[1]):
                 continue
             if failed:
-                return failed_run(monitor, *failed), []
+                return failed_run(monitor, failed[0]), []
             lost = monitor.lost_machines(options.lost_contact)
             if lost:
                 return RunFailed("lost contact with %s for %gs: its agent stopped answering" % (

@@ -246,10 +246,10 @@ def failure_message(task, state):
     return "%s on %s %s" % (task.label, task.machine.address, describe_exit(state))
 
 
-def failed_run(monitor, task, message=None):
-    """RunFailed for the end of TASK that failed the run (MESSAGE: first_failure's), said with
-    what is known of it: a ps that never listened, a collective that lost its peers."""
-    message = message or failure_message(task, monitor.states[task.label])
+def failed_run(monitor, task):
+    """RunFailed for the end of TASK that failed the run, said with what is known of it: a ps
+    that never listened, a collective that lost its peers."""
+    message = failure_message(task, monitor.states[task.label])
     if task.job == "ps" and task.label not in monitor.listening:
         message = "%s on %s %s before it listened on %s" % (
             task.label, task.machine.address, describe_exit(monitor.states[task.label]),
