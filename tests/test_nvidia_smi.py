@@ -5,7 +5,8 @@ an unknown field, [N/A] and [Not Supported], a lost GPU, MIG, no GPU, no driver,
 infoROM, a slow answer. Here: the fake gives those answers; gpuinfo degrades loudly on each
 (never a silent CPU run); `launch --wait` queues by count; a GPU's holder reads the same in
 `tfcluster gpus` and in the preflight; every answer saved under tests/data/nvidia-smi/ replays to
-the facts it gave; scripts/gpu-smoke passes its dry run. None of this has run on a GPU.
+the facts it gave; scripts/gpu-smoke passes its dry run. Real answers so far: one H100 (the
+captured-* folders there); the rest is transcribed from documentation.
 """
 import contextlib
 import importlib.machinery
