@@ -279,7 +279,8 @@ def test_every_example_trains_across_the_shared_home(lab):
     """Every built-in example (--smoke) from the user's venv, code and data sets in the shared
     home: each succeeds, each machine runs in its own run folder, each task's log comes back,
     nothing is left running; and each run shows what its example must do (example_smoke.CHECKS:
-    learning, where the variables live, how updates are applied): one launch per example."""
+    learning, where the variables live, how updates are applied): one launch per example, and
+    mnist_async's second, which resumes from the first one's checkpoint."""
     hostnames = {name for name, _ in lab.testhosts.hosts[:3]}
     inventory = every_example_inventory(lab)
     names = [line.split()[0] for line in lab.cli("examples", check=0).stdout.splitlines()]
@@ -304,11 +305,15 @@ def test_every_example_trains_across_the_shared_home(lab):
             log = os.path.join(lab.runs, run_id, label.replace(":", "-") + ".log")
             assert os.path.getsize(log) > 0, (example, label)
         check = example_smoke.CHECKS.get(example)
-        if check:
-            try:
+        try:
+            if check:
                 check(record, os.path.join(lab.runs, run_id))
-            except AssertionError:
-                failed[example] = traceback.format_exc(limit=-3)
+            if example == "mnist_async":  # trains on from the run's checkpoint
+                lab.cli("launch", example, "-i", inventory, "--smoke", "--run-id", run_id + "-2",
+                        "--resume", run_id, *example_smoke.RESUME_MNIST_ASYNC, check=0)
+                example_smoke.check_mnist_async_resumed(record, run_record(lab.runs, run_id + "-2"))
+        except AssertionError:
+            failed[example] = traceback.format_exc(limit=-3)
     assert not failed, "\n".join("%s:\n%s" % item for item in sorted(failed.items()))
     for name in hostnames:
         assert lab.ssh(name, "pgrep -u %s -f [t]rainers" % lab.user).stdout == ""

@@ -225,7 +225,7 @@ def test_a_killed_mnist_worker_restarts_and_the_run_succeeds(local_env):
     """Between-graph replication survives a worker's death: with --restarts 1 the worker is
     started again with the same TF_CONFIG, rejoins the ps, and the run succeeds. The same
     launch is the async mnist_replica run whose learning check_mnist_run proves (resuming from
-    a checkpoint, `--resume`: test_examples_a's mnist_async test)."""
+    a checkpoint, `--resume`: the labs' every-example test, tests/example_smoke.py)."""
     inventory, runs_dir = local_env
     launcher = launcher_process(inventory, runs_dir, "--restarts", "1", example="mnist_replica",
                                 trainer_args=("--train_steps=400",))
