@@ -17,7 +17,8 @@ from example_checks import (assert_learned, check_metrics, check_run, check_tens
 
 CHECKS = {}
 # CIFAR-10 after 120 steps (--smoke): accuracy on the 500 held-out images and the test loss as a
-# fraction of the initial one, far from the worst of repeated runs (tests/test_cifar10.py).
+# fraction of the initial one, far from the worst of repeated runs (each test's docstring in
+# tests/test_cifar10.py).
 CIFAR10_LEARNED = {"accuracy": 0.5, "loss_ratio": 0.7}
 
 
@@ -177,19 +178,26 @@ def check_census_widendeep(record, run_dir):
     check_tensorboard(run_dir, record, workers, chief="worker:0")
 
 
+def check_cifar10_run(record, run_dir, mode, num_ps=1):
+    """A CIFAR-10 run of MODE on NUM_PS ps and 2 workers (synthetic data) that succeeded in the
+    one schema, with its metrics points and TensorBoard curves, and learned (CIFAR10_LEARNED);
+    (worker 0's result, worker 1's)."""
+    workers = ["worker:0", "worker:1"]
+    found = check_run(record, workers)
+    for result in found.values():
+        assert result["mode"] == mode and result["synthetic"], result
+        assert result["num_ps"] == num_ps and result["num_workers"] == 2
+        assert_learned(result, **CIFAR10_LEARNED)
+    check_metrics(run_dir, record, workers)
+    check_tensorboard(run_dir, record, workers, chief="worker:0")
+    return found["worker:0"], found["worker:1"]
+
+
 @smoke_check("cifar10")
 def check_cifar10_sync(record, run_dir):
     """Every round the ps applied exactly one gradient of each worker, all computed on the
     parameters they were applied to, and the parameters moved by -lr x their mean."""
-    workers = ["worker:0", "worker:1"]
-    found = check_run(record, workers)
-    for result in found.values():
-        assert result["mode"] == "sync" and result["synthetic"], result
-        assert result["num_ps"] == 1 and result["num_workers"] == 2
-        assert_learned(result, **CIFAR10_LEARNED)
-    check_metrics(run_dir, record, workers)
-    check_tensorboard(run_dir, record, workers, chief="worker:0")
-    chief, other = found["worker:0"], found["worker:1"]
+    chief, other = check_cifar10_run(record, run_dir, "sync")
     rounds, lr = chief["rounds"], chief["learning_rate"]
     assert len(rounds["workers"]) == chief["global_step"] == 120
     gradient = [dict(zip(r["trace"]["version"], r["trace"]["grad_sum"])) for r in (chief, other)]
@@ -207,18 +215,11 @@ def check_cifar10_multi_ps(record, run_dir):
     """Every parameter is split across ps:0 and ps:1, and a traced step ran ops on both."""
     # --smoke: 240 steps. After 120 it is still on the steep part of its curve: accuracy 0.55 to
     # 0.94 in 7 runs beside a busy core (0.496 once in make test); after 240, 1.000 in all 7.
-    workers = ["worker:0", "worker:1"]
-    found = check_run(record, workers)
-    for result in found.values():
-        assert result["mode"] == "multi_ps" and result["synthetic"], result
-        assert result["num_ps"] == 2 and result["num_workers"] == 2
-        assert_learned(result, **CIFAR10_LEARNED)
+    for result in check_cifar10_run(record, run_dir, "multi_ps", num_ps=2):
         assert result["ps_tasks_used"] == ["/job:ps/task:0", "/job:ps/task:1"], result
         assert len(result["ps_tasks_per_variable"]) == 10
         for name, tasks in result["ps_tasks_per_variable"].items():
             assert tasks == ["/job:ps/task:0", "/job:ps/task:1"], (name, tasks)
-    check_metrics(run_dir, record, workers)
-    check_tensorboard(run_dir, record, workers, chief="worker:0")
 
 
 @smoke_check("ps_strategy")

@@ -7,7 +7,7 @@ line carries what every step observed (see trainers/cifar10/modes.py): the versi
 parameters its gradient was computed on, the version it was applied to, the ps clock around
 its update, the sum of its gradient; the sync aggregator and the async_stale applier report
 what they applied. The tests draw the proof from those observations, and check learning with
-a margin measured over repeated runs (see LEARNED).
+a margin measured over repeated runs (example_smoke.CIFAR10_LEARNED).
 """
 import os
 import subprocess
@@ -16,16 +16,12 @@ import sys
 import pytest
 
 import example_checks as checks
-from example_smoke import CIFAR10_LEARNED
+from example_smoke import CIFAR10_LEARNED, check_cifar10_run
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
 
 STEPS = "--train_steps=120"
-# Accuracy on the 500 held-out images after STEPS, and the test loss as a fraction of the
-# initial one: far from the worst of repeated runs (in each test's docstring).
-LEARNED = CIFAR10_LEARNED
-WORKERS = ["worker:0", "worker:1"]
 # The asynchronous modes divide the rate by workers + 1: this gives them the smoke rate (0.03)
 # the learning margins were measured at.
 ASYNC_RATE = "--learning_rate=0.09"
@@ -33,16 +29,9 @@ ASYNC_RATE = "--learning_rate=0.09"
 
 def launch(local_env, example, mode, *trainer_args):
     """A --smoke launch of STEPS; (worker 0's result, worker 1's) once the run succeeded in the
-    one schema, with its metrics points and TensorBoard curves, and learned (LEARNED)."""
+    one schema, with its metrics points and TensorBoard curves, and learned (check_cifar10_run)."""
     record, run_dir = checks.launch(local_env, example, STEPS, *trainer_args)
-    found = checks.check_run(record, WORKERS)
-    for result in found.values():
-        assert result["mode"] == mode and result["synthetic"], result
-        assert result["num_ps"] == 1 and result["num_workers"] == 2
-        checks.assert_learned(result, **LEARNED)
-    checks.check_metrics(run_dir, record, WORKERS)
-    checks.check_tensorboard(run_dir, record, WORKERS, chief="worker:0")
-    return found["worker:0"], found["worker:1"]
+    return check_cifar10_run(record, run_dir, mode)
 
 
 def overlapping(spans_a, spans_b):
@@ -118,4 +107,4 @@ def test_local_towers_run_on_two_devices(tmp_path):
     assert result["devices"] == ["/device:CPU:0", "/device:CPU:1"]
     assert result["global_step"] == 100
     assert os.listdir(tmp_path / "ckpt")
-    checks.assert_learned(result, **LEARNED)
+    checks.assert_learned(result, **CIFAR10_LEARNED)

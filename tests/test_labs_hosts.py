@@ -23,7 +23,7 @@ import pytest
 
 import example_smoke
 from ansible_run import Ansible, task_status_runs
-from conftest import REPO, ready_wheelhouse, run_record, tfcluster, wait_for
+from conftest import REPO, ready_wheelhouse, run_record, tfcluster
 from fixtures_testhosts import HostSet, exclusive
 from hostlib import labusers
 

@@ -249,11 +249,12 @@ def failure_message(task, state):
 def failed_run(monitor, task):
     """RunFailed for the end of TASK that failed the run, said with what is known of it: a ps
     that never listened, a collective that lost its peers."""
-    message = failure_message(task, monitor.states[task.label])
+    state = monitor.states[task.label]
     if task.job == "ps" and task.label not in monitor.listening:
         message = "%s on %s %s before it listened on %s" % (
-            task.label, task.machine.address, describe_exit(monitor.states[task.label]),
-            task.address)
+            task.label, task.machine.address, describe_exit(state), task.address)
+    else:
+        message = failure_message(task, state)
     from tfcluster.diagnose import collective_abort_cause  # a failure's: its regexes
     return RunFailed(collective_abort_cause(monitor.cluster, monitor.states, monitor.ended_at,
                                             task, monitor.tails[task.label]) or message,

@@ -29,7 +29,7 @@ class EndOrder:
 
     def exited(self, task, at=None):
         """TASK ended, at AT on its host's clock when known."""
-        self.started(task)
+        self._forget(task.label)
         place = len(self._ends)
         if at is not None:
             place = next((i for i, end in enumerate(self._ends)
@@ -39,9 +39,11 @@ class EndOrder:
         self._index()
 
     def started(self, task):
-        self._ends = [end for end in self._ends
-                      if end is self.TEARDOWN or end[0] != task.label]
+        self._forget(task.label)
         self._index()
+
+    def _forget(self, label):
+        self._ends = [end for end in self._ends if end is self.TEARDOWN or end[0] != label]
 
     def teardown_began(self):
         if self.TEARDOWN not in self._ends:
