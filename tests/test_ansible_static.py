@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import pid_alive, wait_for
+from conftest import free_port_block, pid_alive, wait_for
 
 pytestmark = pytest.mark.slow  # ansible-playbook and ansible-lint runs: seconds to minutes each
 
@@ -269,10 +269,11 @@ def test_stop_playbook_stops_tasks_of_local_slots(tmp_path):
         "all:\n  vars:\n    ansible_connection: local\n"
         "    ansible_python_interpreter: \"{{ ansible_playbook_python }}\"\n"
         "    tfcluster_deploy: false\n    tfcluster_root: %s\n    tfcluster_python: %s\n"
-        "    tfcluster_workdir: %s\n    tfcluster_port_base: 28700\n  children:\n"
+        "    tfcluster_workdir: %s\n    tfcluster_port_base: %d\n  children:\n"
         "    ps:\n      hosts:\n        ps0: {ansible_host: localhost}\n"
         "    worker:\n      hosts:\n        worker0: {ansible_host: localhost}\n"
-        % (REPO, sys.executable, tmp_path / "work"))
+        # Free ports of this session's range: another session's launches use the rest.
+        % (REPO, sys.executable, tmp_path / "work", free_port_block()))
     runs = str(tmp_path / "runs")
     tfcluster = [sys.executable, "-m", "tfcluster", "--runs-dir", runs]
     started = run(tfcluster + ["launch", "--cmd", "exec sleep 300", "-i", str(inventory),
