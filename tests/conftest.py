@@ -113,7 +113,7 @@ def local_env(tmp_path):
     inventory.write_text(local_inventory_text(str(tmp_path / "work")))
     runs_dir = tmp_path / "runs"
     yield str(inventory), str(runs_dir)
-    wait_for_pictures(str(runs_dir), str(tmp_path))
+    assert_pictures_drawn(str(runs_dir))
     leftovers = stop_leftovers(str(tmp_path))
     assert not leftovers, "processes of the test were still running: %s" % leftovers
 
@@ -159,19 +159,14 @@ def processes_matching(text):
     return found
 
 
-def wait_for_pictures(runs_dir, marker):
-    """Every ended run in RUNS_DIR with metrics points has its metrics.png, and no process whose
-    command line names MARKER still draws one: the launcher (or `tfcluster stop`) draws it in a
-    process of its own once the run's end is recorded, after the prompt. The pictures are
-    waited for, not only the process table: one look at /proc missed a drawing under way."""
-    def drawn():
-        runs = [os.path.join(runs_dir, name) for name in os.listdir(runs_dir)] \
-            if os.path.isdir(runs_dir) else []
-        pending = [run for run in runs if picture_due(run)
-                   and not os.path.exists(os.path.join(run, "metrics.png"))]
-        return not pending and not [p for p in processes_matching(marker)
-                                    if "tfcluster.plot" in p[1]]
-    wait_for(drawn, 60, "metrics.png to be drawn in %s" % runs_dir)
+def assert_pictures_drawn(runs_dir):
+    """Every ended run in RUNS_DIR with metrics points has its metrics.svg: the launcher (or
+    `tfcluster stop`) writes it before it returns."""
+    runs = [os.path.join(runs_dir, name) for name in os.listdir(runs_dir)] \
+        if os.path.isdir(runs_dir) else []
+    missing = [run for run in runs if picture_due(run)
+               and not os.path.exists(os.path.join(run, "metrics.svg"))]
+    assert not missing, "runs ended with metrics points but no metrics.svg: %s" % missing
 
 
 def picture_due(run_dir):

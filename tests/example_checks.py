@@ -4,10 +4,11 @@ collected into runs/<id>/tensorboard/<task>/."""
 import glob
 import json
 import os
-import struct
 import sys
+import types
+from xml.etree import ElementTree
 
-from conftest import assert_run_clean, run_record, tfcluster, wait_for
+from conftest import assert_run_clean, run_record, tfcluster
 from tfcluster_agent import protocol
 
 LAUNCH_TIMEOUT = 300  # the launcher stops everything itself after this long
@@ -88,9 +89,9 @@ def points_expected(result, tasks):
 def check_metrics(run_dir, record, labels):
     """At least MIN_POINTS points per task (points_expected), global steps never going back,
     the first at the initial loss and the last at the result's loss and step; the same points
-    in the run's metrics.jsonl, and its metrics.png drawn."""
+    in the run's metrics.jsonl, and drawn in its metrics.svg."""
     wanted = {label: points_expected(record["results"][label], len(labels)) for label in labels}
-    check_metrics_file_and_png(run_dir, wanted)
+    check_metrics_file_and_svg(run_dir, wanted)
     for label in labels:
         result = record["results"][label]
         points = metric_points(run_dir, label)
@@ -103,23 +104,42 @@ def check_metrics(run_dir, record, labels):
         assert sum(1 for p in points if p.get("examples_per_s")) >= wanted[label] - 1, points
 
 
-def check_metrics_file_and_png(run_dir, wanted):
+def check_metrics_file_and_svg(run_dir, wanted):
     """metrics.jsonl holds each task's logged points (step and loss, in order; WANTED: {task:
-    how many at least}); metrics.png is a whole PNG image (drawn in the background after the
-    run: waited for)."""
+    how many at least}); metrics.svg, written before the launch returned, draws each task's
+    loss at every one of them."""
     from tfcluster import metrics
     stored = metrics.load(run_dir).records
+    drawn = picture(os.path.join(run_dir, "metrics.svg"))["loss against global step"].lines
     for label, least in wanted.items():
         logged = [(p["step"], p.get("loss")) for p in metric_points(run_dir, label)]
         kept = [(r["step"], r.get("loss")) for r in stored if r["task"] == label]
         assert len(kept) >= least and kept == logged, (label, kept, logged)
-    path = os.path.join(run_dir, "metrics.png")
-    wait_for(lambda: os.path.exists(path), 60, "metrics.png in " + run_dir)
-    with open(path, "rb") as handle:
-        data = handle.read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
-    width, height = struct.unpack(">II", data[16:24])
-    assert width >= 400 and height >= 300 and data.endswith(b"IEND\xaeB`\x82"), (width, height)
+        assert len(drawn[label]) == sum(1 for _, loss in kept if loss is not None), label
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def picture(path):
+    """{panel title: .lines {label: [(x, y) pixels]}, .colours {label: colour}, .legend [labels],
+    .texts [every text]} of a metrics.svg, with "" for the figure: its .texts are the title.
+    Fails on a file that is not whole SVG."""
+    root = ElementTree.parse(path).getroot()
+    assert root.tag == SVG + "svg", root.tag
+    panels = {"": types.SimpleNamespace(texts=[t.text for t in root.findall(SVG + "text")])}
+    for group in root.findall(SVG + "g"):
+        assert group.get("class") == "panel", group.attrib
+        lines = group.findall(SVG + "polyline")
+        legend = group.find(SVG + "g[@class='legend']")
+        panels[group.find(SVG + "text").text] = types.SimpleNamespace(
+            lines={line.find(SVG + "title").text: [tuple(map(float, xy.split(",")))
+                                                   for xy in line.get("points").split()]
+                   for line in lines},
+            colours={line.find(SVG + "title").text: line.get("stroke") for line in lines},
+            legend=[t.text for t in legend.iter(SVG + "text")] if legend is not None else [],
+            texts=[t.text for t in group.iter(SVG + "text")])
+    return panels
 
 
 def tensorboard_scalars(run_dir, label):

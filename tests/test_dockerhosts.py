@@ -40,8 +40,8 @@ if TESTS not in sys.path:
 from ansible_run import (RECAP, Ansible, ansible_tool, close_ssh_masters, explain,  # noqa: E402
                          task_status_runs, task_statuses, tiny_dataset)
 from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
-from conftest import (DOCKERHOSTS_LOCK, hold_lock, pid_alive, ready_wheelhouse,  # noqa: E402
-                      run_record, share_wheelhouse, tfcluster, wait_for, wait_for_pictures)
+from conftest import (DOCKERHOSTS_LOCK, assert_pictures_drawn, hold_lock, pid_alive,  # noqa: E402
+                      ready_wheelhouse, run_record, share_wheelhouse, tfcluster, wait_for)
 import readme_install  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
 from hostlib import engine as dockerd  # noqa: E402
@@ -312,7 +312,7 @@ def readme_run(dockerhosts, tmp_path_factory, request):
                                   env=env)
         hosts.timings.append(("README: plain ansible-playbook again", time.monotonic() - started))
     close_ssh_masters(str(tmp_path / "cp"))
-    wait_for_pictures(str(run.cluster / "runs"), str(run.cluster))
+    assert_pictures_drawn(str(run.cluster / "runs"))
     if os.path.isdir(run.cluster / "wheelhouse"):
         share_wheelhouse(str(run.cluster / "wheelhouse"))
     return run

@@ -1,12 +1,14 @@
-"""metrics.jsonl, cluster totals, efficiency, metrics.png, `tfcluster plot` and `tensorboard`."""
+"""metrics.jsonl, cluster totals, efficiency, metrics.svg, `tfcluster plot` and `tensorboard`."""
+import io
 import json
-import struct
 import sys
 
 import pytest
 
+from example_checks import picture
 from tfcluster import cli, metrics, plot, runs, tensorboard
 from tfcluster.errors import UsageError
+from tfcluster.report import PlainReporter
 
 
 def fake_run(runs_dir, run_id, tasks=("worker:0", "worker:1"), points=6, rate=100.0):
@@ -22,13 +24,6 @@ def fake_run(runs_dir, run_id, tasks=("worker:0", "worker:1"), points=6, rate=10
                              "time": 1000.0 + i})
     store.close()
     return record.dir
-
-
-def png_size(path):
-    with open(path, "rb") as handle:
-        header = handle.read(24)
-    assert header[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    return struct.unpack(">II", header[16:24])
 
 
 def test_store_writes_jsonl_and_keeps_the_latest(tmp_path):
@@ -68,44 +63,100 @@ def test_efficiency():
     assert metrics.efficiency(1000.0, None, 2) is None
 
 
-def spy_on_labels(monkeypatch):
-    """The legend labels of every write_png call."""
-    drawn = []
-    real = plot.write_png
-    monkeypatch.setattr(plot, "write_png", lambda dirs, out: drawn.append(real(dirs, out)))
-    return drawn
+PANELS = ["loss against global step", "loss against time", "examples/s against global step",
+          "examples/s against time"]
 
 
-def test_metrics_png_is_a_png_with_one_line_per_task(tmp_path, monkeypatch):
-    run_dir = fake_run(tmp_path, "r1", tasks=("chief:0", "worker:0", "worker:1"))
-    drawn = spy_on_labels(monkeypatch)
-    out = tmp_path / "r1" / "metrics.png"
-    assert plot.write_run_png(run_dir) == str(out)
-    assert drawn == [["chief:0", "worker:0", "worker:1"]]
-    width, height = png_size(out)
-    assert (width, height) == (960, 640)
-    assert out.stat().st_size > 20000   # four panels of curves, not an empty canvas
+def test_metrics_svg_draws_each_task_in_every_panel_in_one_colour(tmp_path):
+    run_dir = fake_run(tmp_path, "r1", tasks=("chief:0", "worker:0", 'odd<&>"task'))
+    store = metrics.load(run_dir)
+    # Left out: where the panel's value is missing (60) or not finite (70); without a step.
+    store.add("chief:0", {"step": 60, "loss": 0.1, "time": 1006.0})
+    store.add("chief:0", {"loss": 9.0, "examples_per_s": 9.0, "time": 1007.0})
+    store.add("chief:0", {"step": 70, "loss": float("nan"), "examples_per_s": 1.0, "time": 1008.0})
+    out = tmp_path / "r1" / "metrics.svg"
+    assert plot.write_run_svg(run_dir, store, PlainReporter()) == str(out)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["metrics.jsonl", "metrics.svg",
+                                                            "run.json"]   # no .partial left
+    drawn = picture(out)
+    assert list(drawn) == [""] + PANELS and drawn[""].texts == ["r1"]
+    labels = ["chief:0", 'odd<&>"task', "worker:0"]
+    for title in PANELS:
+        panel = drawn[title]
+        assert list(panel.lines) == labels and panel.legend == labels, title
+        assert panel.colours == drawn[PANELS[0]].colours, title
+        assert [len(points) for points in panel.lines.values()] == [7, 6, 6], title
+        axis = "global step" if "step" in title else "seconds since the first point"
+        assert axis in panel.texts and ("loss" if "loss" in title else "examples/s") in panel.texts
+    assert len(set(drawn[PANELS[0]].colours.values())) == 3
+    assert out.read_text().count("<circle") == 4 * (7 + 6 + 6)   # a dot on each point: < 30
 
 
-def test_run_without_points_gets_no_png(tmp_path):
+def ticks(panel):
+    return [float(text) for text in panel.texts if text.replace(".", "").isdigit()]
+
+
+def test_loss_falling_far_is_drawn_on_a_log_axis(tmp_path):
+    run_dir = fake_run(tmp_path, "far", tasks=("worker:0",), points=40)
+    store = metrics.MetricsStore()
+    for i in range(40):   # from 100 by 0.8 a step: 0.017 at the end, 5800x lower
+        store.add("worker:0", {"step": i, "loss": 100 * 0.8 ** i, "examples_per_s": 100.0 + i,
+                               "time": 1000.0 + i})
+    plot.write_run_svg(run_dir, store, PlainReporter())
+    drawn = picture(tmp_path / "far" / "metrics.svg")
+    for title in PANELS:
+        ys = [y for _, y in drawn[title].lines["worker:0"]]
+        gaps = [after - before for before, after in zip(ys, ys[1:])]
+        # On a log axis a geometric fall is a straight line; on a linear one a rise is too.
+        assert max(gaps) - min(gaps) < 0.21 and (gaps[0] > 0) == title.startswith("loss"), title
+    assert {0.01, 0.1, 1, 10, 100} <= set(ticks(drawn["loss against global step"]))
+    assert "<circle" not in (tmp_path / "far" / "metrics.svg").read_text()   # 40 points: a line
+
+
+def test_loss_falling_less_stays_on_a_linear_axis(tmp_path):
+    run_dir = fake_run(tmp_path, "near", tasks=("worker:0",))   # loss 2.0 to 0.33: 6x
+    plot.write_run_svg(run_dir, metrics.load(run_dir), PlainReporter())
+    panel = picture(tmp_path / "near" / "metrics.svg")["loss against global step"]
+    ys = [y for _, y in panel.lines["worker:0"]]
+    losses = [2.0 / (i + 1) for i in range(6)]
+    scale = (ys[-1] - ys[0]) / (losses[-1] - losses[0])
+    assert all(abs(y - ys[0] - (loss - losses[0]) * scale) < 0.2 for y, loss in zip(ys, losses))
+    steps = ticks(panel)
+    assert set(steps) >= {0.5, 1.0, 1.5, 2.0} and len(steps) >= 8   # 1-2-5 steps on both axes
+
+
+def test_run_without_points_gets_no_svg(tmp_path):
     record = runs.create(str(tmp_path), "empty")
     runs.save(record)
-    assert plot.write_run_png(record.dir) is None
+    assert plot.write_run_svg(record.dir, metrics.load(record.dir), PlainReporter()) is None
+    assert not (tmp_path / "empty" / "metrics.svg").exists()
     with pytest.raises(UsageError, match="run empty has no metrics"):
-        plot.write_png([record.dir], str(tmp_path / "x.png"))
+        plot.write_svg([record.dir], str(tmp_path / "x.svg"))
 
 
-def test_plot_command_overlays_two_runs(tmp_path, capsys, monkeypatch):
+def test_a_refused_picture_is_a_warning_not_the_runs_outcome(tmp_path):
+    run_dir = fake_run(tmp_path, "r1")
+    (tmp_path / "r1" / "metrics.svg").mkdir()   # os.replace cannot put a file there
+    stream = io.StringIO()
+    assert plot.write_run_svg(run_dir, metrics.load(run_dir), PlainReporter(stream)) is None
+    assert "WARNING cannot write %s/metrics.svg" % run_dir in stream.getvalue()
+    assert not (tmp_path / "r1" / "metrics.svg.partial").exists()
+
+
+def test_plot_command_overlays_two_runs(tmp_path, capsys):
     fake_run(tmp_path / "runs", "one-worker", tasks=("worker:0",), rate=100.0)
     fake_run(tmp_path / "runs", "two-workers", rate=180.0)
-    drawn = spy_on_labels(monkeypatch)
-    out = tmp_path / "compare.png"
+    out = tmp_path / "compare.svg"
     code = cli.main(["--runs-dir", str(tmp_path / "runs"), "plot", "one-worker", "two-workers",
                      "-o", str(out)])
-    assert code == 0
-    assert drawn == [["one-worker worker:0", "two-workers worker:0", "two-workers worker:1"]]
-    assert png_size(out) == (960, 640)
-    assert "wrote %s" % out in capsys.readouterr().out
+    assert code == 0 and "wrote %s" % out in capsys.readouterr().out
+    drawn = picture(out)
+    assert drawn[""].texts == ["one-worker, two-workers"]
+    labels = ["one-worker worker:0", "two-workers worker:0", "two-workers worker:1"]
+    assert all(drawn[title].legend == labels == list(drawn[title].lines) for title in PANELS)
+    assert cli.main(["--runs-dir", str(tmp_path / "runs"), "plot", "one-worker"]) == 0
+    assert list(picture(tmp_path / "runs" / "one-worker" / "metrics.svg")[PANELS[0]].lines) == [
+        "worker:0"]
 
 
 def test_plot_bad_input_is_one_line_exit_2(tmp_path, capsys):
@@ -115,9 +166,14 @@ def test_plot_bad_input_is_one_line_exit_2(tmp_path, capsys):
     fake_run(tmp_path, "r1", points=1)
     (tmp_path / "file").write_text("")
     assert cli.main(["--runs-dir", str(tmp_path), "plot", "r1", "-o",
-                     str(tmp_path / "file" / "x.png")]) == 2
+                     str(tmp_path / "file" / "x.svg")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tfcluster: error: cannot write ") and err.count("\n") == 1
+    assert cli.main(["--runs-dir", str(tmp_path), "plot", "r1", "-o",
+                     str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ending in .svg" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "r1"]
 
 
 def test_tensorboard_missing_is_one_line_exit_2(tmp_path, capsys, monkeypatch):

@@ -119,10 +119,10 @@ def build_parser(only=None):
     stall.add_cli(sub)  # launch --stall-after, --on-stall; stacks
     stragglers.add_cli(sub)  # launch --straggler-after
 
-    p = sub.add_parser("plot", help="draw loss and examples/s of runs into one PNG")
+    p = sub.add_parser("plot", help="draw loss and examples/s of runs into one SVG")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, overlaid")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="PNG to write (default: RUN's metrics.png, or ./metrics-compare.png)")
+                   help="SVG to write (default: RUN's metrics.svg, or ./metrics-compare.svg)")
     p = sub.add_parser("tensorboard", help="serve runs' TensorBoard event files")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, each named by its id")
     p.add_argument("--port", type=int, default=6006, help="default 6006")
@@ -364,10 +364,12 @@ def cmd_module(args):
 
 def cmd_plot(args):
     from tfcluster import plot, runs
+    if args.output and not args.output.lower().endswith(".svg"):
+        raise UsageError("-o %s: the picture is SVG: name a FILE ending in .svg" % args.output)
     run_dirs = [runs.load(args.runs_dir, run_id).dir for run_id in args.runs]
-    output = args.output or (os.path.join(run_dirs[0], "metrics.png") if len(run_dirs) == 1
-                             else "metrics-compare.png")
-    plot.write_png(run_dirs, output)
+    output = args.output or (os.path.join(run_dirs[0], plot.FILE) if len(run_dirs) == 1
+                             else "metrics-compare.svg")
+    plot.write_svg(run_dirs, output)
     print("tfcluster: wrote %s" % output)
     return 0
 

@@ -15,7 +15,7 @@ from tfcluster.hosts import Hosts
 from tfcluster.metrics import MetricsStore, efficiency_message
 from tfcluster.monitor import Monitor, failed_run, first_failure, policy_met, tracked
 from tfcluster.plan import launch_counts, make_cluster
-from tfcluster.plot import draw_in_background
+from tfcluster.plot import write_run_svg
 from tfcluster.preflight import controller_code_hash, preflight, print_preflight
 from tfcluster.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
 from tfcluster.report import PlainReporter
@@ -160,8 +160,7 @@ class Launch:
                 outcome = finish(self.hosts, self.cluster, self.record, self.monitor, outcome,
                                  options.stop_grace, self.reporter, lost={m.key for m in lost})
             self.metrics.close()
-            if self.metrics.latest():
-                draw_in_background(self.record.dir)
+            write_run_svg(self.record.dir, self.metrics, self.reporter)
         if crash is not None:
             raise crash
         if outcome is not None:

@@ -9,7 +9,7 @@ from tfcluster.hosts import Hosts
 from tfcluster.inventory import Machine
 from tfcluster.metrics import MetricsStore
 from tfcluster.monitor import Monitor, policy_met, tracked
-from tfcluster.plot import draw_in_background
+from tfcluster.plot import write_run_svg
 from tfcluster.report import PlainReporter
 from tfcluster.spec import Cluster, Task
 from tfcluster.taskenv import host_run_dir
@@ -178,8 +178,7 @@ def _stop(runs_dir, run_id, grace, reporter):
             finish(hosts, cluster, record, monitor, None, grace, reporter, stopped_by_user=True,
                    lost={m.key for m, _ in unreachable})
             store.close()
-            if store.latest():
-                draw_in_background(record.dir)
+            write_run_svg(record.dir, store, reporter)
         else:
             _, unreachable = attach(hosts, cluster, record.id, from_start=False)
             leftovers = stop_tasks(hosts, cluster, grace, skip={m.key for m, _ in unreachable})

@@ -1,16 +1,25 @@
-"""Pictures of runs: loss and examples/s against global step and time, one line per task.
+"""Pictures of runs: loss and examples/s against global step and time, one line per task, as an
+SVG file that any browser opens (no display needed).
 
-Headless (matplotlib's Agg backend): works over SSH and in CI.
+Written in-process in a few milliseconds: at a run's end (runs/<id>/metrics.svg) and by
+`tfcluster plot`.
 """
+import contextlib
+import math
 import os
 
-from tfcluster import metrics
+from tfcluster import metrics, svgchart
 from tfcluster.errors import UsageError
 
+FILE = "metrics.svg"
 PANELS = (("loss", "step", "loss against global step"),
           ("loss", "time", "loss against time"),
           ("examples_per_s", "step", "examples/s against global step"),
           ("examples_per_s", "time", "examples/s against time"))
+AXIS_TITLES = {"loss": "loss", "examples_per_s": "examples/s", "step": "global step",
+               "time": "seconds since the first point"}
+WIDTH, HEIGHT, TITLE_BAND = 960, 640, 36
+LOG_RATIO = 50  # a loss falling by more than this is flat on a linear axis after its first points
 
 
 def _series(store):
@@ -21,88 +30,91 @@ def _series(store):
     return dict(sorted(by_task.items()))
 
 
-def _cannot_write(path, err):
-    return UsageError("cannot write %s: %s (pick another -o FILE)" % (path, err.strerror or err))
+def _number(value):
+    return type(value) in (int, float) and math.isfinite(value)  # type: True is no number
 
 
-def write_png(run_dirs, out_path):
-    """Draw the runs in RUN_DIRS into OUT_PATH; returns the legend labels drawn.
+def _tasks(runs):
+    """[(legend label, records, start)] of every task of RUNS [(run id, series)]; START is the
+    time of its run's first point. With several runs each label starts with the run id."""
+    tasks = []
+    for run_id, series in runs:
+        start = min(records[0]["time"] for records in series.values())
+        for task, records in series.items():
+            tasks.append((task if len(runs) == 1 else "%s %s" % (run_id, task), records, start))
+    return tasks
 
-    With several runs each label starts with the run id (the folder's name).
-    """
-    runs = [(os.path.basename(os.path.normpath(d)), _series(metrics.load(d))) for d in run_dirs]
+
+def _points(records, value, against, start):
+    """(x, y) of RECORDS that have VALUE and a step; x is the step or the seconds since START."""
+    return [(r["step"] if against == "step" else r["time"] - start, r[value])
+            for r in records if _number(r.get(value)) and _number(r.get("step"))]
+
+
+def _falls_far(value, series):
+    ys = [y for _, _, points in series for _, y in points]
+    return value == "loss" and bool(ys) and min(ys) > 0 and max(ys) > LOG_RATIO * min(ys)
+
+
+def render(runs):
+    """The SVG text of RUNS [(run id, {task: records})]: a task has one colour in every panel."""
+    tasks = _tasks(runs)
+    colours = {label: svgchart.PALETTE[n % len(svgchart.PALETTE)]
+               for n, (label, _, _) in enumerate(tasks)}
+    width, height = WIDTH / 2, (HEIGHT - TITLE_BAND) / 2
+    panels = []
+    for n, (value, against, title) in enumerate(PANELS):
+        series = [(label, colours[label], _points(records, value, against, start))
+                  for label, records, start in tasks]
+        series = [line for line in series if line[2]]
+        box = (n % 2 * width, TITLE_BAND + n // 2 * height, width, height)
+        panels.append(svgchart.panel(box, (title, AXIS_TITLES[against], AXIS_TITLES[value]),
+                                     series, log_y=_falls_far(value, series)))
+    return svgchart.document(WIDTH, HEIGHT, ", ".join(run_id for run_id, _ in runs), panels)
+
+
+def _run_id(run_dir):
+    return os.path.basename(os.path.normpath(run_dir))
+
+
+def _write_atomically(path, text):
+    """PATH holds TEXT whole or is untouched: written to PATH.partial first."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    partial = path + ".partial"
+    try:
+        with open(partial, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(partial, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
+
+
+def write_svg(run_dirs, out_path):
+    """Draw the runs in RUN_DIRS into OUT_PATH, for `tfcluster plot`."""
+    runs = [(_run_id(d), _series(metrics.load(d))) for d in run_dirs]
     empty = [run_id for run_id, series in runs if not series]
     if empty:
         raise UsageError("run %s has no metrics (no TFCLUSTER_METRIC points in its "
                          "metrics.jsonl): nothing to plot" % ", ".join(empty))
-    try:  # before drawing: a bad -o FILE fails at once
-        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    except OSError as err:
-        raise _cannot_write(out_path, err) from None
-    import matplotlib
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    figure, axes = pyplot.subplots(2, 2, figsize=(12, 8))
-    labels = []
-    for run_id, series in runs:
-        start = min(records[0]["time"] for records in series.values())
-        for task, records in series.items():
-            label = task if len(runs) == 1 else "%s %s" % (run_id, task)
-            drawn = False
-            for axis, (value, against, _) in zip(axes.flat, PANELS):
-                points = [(r["step"] if against == "step" else r["time"] - start, r[value])
-                          for r in records
-                          if isinstance(r.get(value), (int, float)) and "step" in r]
-                if points:
-                    xs, ys = zip(*points)
-                    axis.plot(xs, ys, marker="." if len(points) < 30 else None, label=label)
-                    drawn = True
-            if drawn:
-                labels.append(label)
-    for axis, (value, against, title) in zip(axes.flat, PANELS):
-        axis.set_title(title)
-        axis.set_xlabel("global step" if against == "step" else "seconds since the first point")
-        axis.set_ylabel("loss" if value == "loss" else "examples/s")
-        axis.grid(True, alpha=0.3)
-        values = [y for line in axis.lines for y in line.get_ydata()]
-        # A loss falling by orders of magnitude is flat on a linear axis after the first points.
-        if value == "loss" and values and min(values) > 0 and max(values) > 50 * min(values):
-            axis.set_yscale("log")
-            axis.minorticks_off()  # their labels cost more to lay out than the rest
-        if axis.lines:
-            axis.legend(fontsize="small", loc="upper right")  # "best" costs a search
-    figure.suptitle(", ".join(run_id for run_id, _ in runs))
-    figure.subplots_adjust(left=0.07, right=0.98, bottom=0.07, top=0.91, hspace=0.35, wspace=0.2)
     try:
-        figure.savefig(out_path, dpi=80, format="png")
+        _write_atomically(out_path, render(runs))
     except OSError as err:
-        raise _cannot_write(out_path, err) from None
-    finally:
-        pyplot.close(figure)
-    return labels
+        raise UsageError("cannot write %s: %s (pick another -o FILE)"
+                         % (out_path, err.strerror or err)) from None
 
 
-def write_run_png(run_dir):
-    """RUN_DIR/metrics.png, for the end of a run; None (and no file) when it has no points."""
-    if not metrics.load(run_dir).records:
+def write_run_svg(run_dir, store, reporter):
+    """RUN_DIR/metrics.svg of the points in STORE (a MetricsStore) at a run's end: its path, or
+    None for a run without points. A disk that refuses it is a warning to REPORTER: the picture
+    never changes a run's outcome."""
+    if not store.records:
         return None
-    path = os.path.join(run_dir, "metrics.png")
-    partial = path + ".partial"  # drawn in the background: nobody may see half a picture
-    write_png([run_dir], partial)
-    os.replace(partial, path)
+    path = os.path.join(run_dir, FILE)
+    try:
+        _write_atomically(path, render([(_run_id(run_dir), _series(store))]))
+    except OSError as err:
+        reporter.note("WARNING cannot write %s: %s" % (path, err.strerror or err))
+        return None
     return path
-
-
-def draw_in_background(run_dir):
-    """Draw RUN_DIR/metrics.png in a process of its own: the prompt does not wait for it."""
-    import subprocess
-    import sys
-    return subprocess.Popen([sys.executable, "-m", "tfcluster.plot", run_dir],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-if __name__ == "__main__":
-    import sys
-    write_run_png(sys.argv[1])
