@@ -165,11 +165,12 @@ def _fit_legend(area, series, to_x, log_y, size):
         to_y = Scale(ticks, area.bottom, area.top, log=log_y)
         lines = [list(zip(to_x.pixels([x for x, _ in points]),
                           to_y.pixels([y for _, y in points]))) for _, _, points in series]
-        points = traced(lines)
-        corner = next((c for c in corners(area, size) if not any(inside(c, size, points))), None)
+        drawn = segments(lines)
+        corner = next((c for c in corners(area, size) if not any(crossing(c, size, drawn))), None)
         if corner:
             return ticks, to_y, lines, corner
-    return ticks, to_y, lines, min(corners(area, size), key=lambda c: sum(inside(c, size, points)))
+    return ticks, to_y, lines, min(corners(area, size),
+                                   key=lambda c: sum(1 for _ in crossing(c, size, drawn)))
 
 
 def _grid(area, xs, ys):
@@ -227,18 +228,37 @@ def corners(area, size):
             (right, bottom), (area.left + 6, bottom)]
 
 
-def inside(corner, size, points):
-    """The POINTS [(x, y)] inside the box of SIZE at CORNER (left, top), lazily."""
+def crossing(corner, size, segments):
+    """The SEGMENTS [(x0, y0, x1, y1)] that cross the box of SIZE at CORNER (left, top), lazily."""
     (left, top), (width, height) = corner, size
     right, bottom = left + width, top + height
-    return (1 for x, y in points if left <= x <= right and top <= y <= bottom)
+    for x0, y0, x1, y1 in segments:
+        if not ((x0 < left and x1 < left) or (x0 > right and x1 > right)
+                or (y0 < top and y1 < top) or (y0 > bottom and y1 > bottom)) \
+                and _clipped(left, top, right, bottom, x0, y0, x1 - x0, y1 - y0):
+            yield x0, y0, x1, y1
 
 
-def traced(lines):
-    """The points of LINES and the middles of their segments: what a box over them hides."""
-    points = [point for pixels in lines for point in pixels]
-    return points + [((a + c) / 2, (b + d) / 2) for pixels in lines
-                     for (a, b), (c, d) in zip(pixels, pixels[1:])]
+def _clipped(left, top, right, bottom, x, y, dx, dy):
+    """Whether the segment from (X, Y) by (DX, DY) has a part inside the box (Liang-Barsky)."""
+    start, end = 0.0, 1.0
+    for p, q in ((-dx, x - left), (dx, right - x), (-dy, y - top), (dy, bottom - y)):
+        if p == 0:
+            if q < 0:
+                return False
+        elif p < 0:
+            start = max(start, q / p)
+        else:
+            end = min(end, q / p)
+        if start > end:
+            return False
+    return True
+
+
+def segments(lines):
+    """The segments (x0, y0, x1, y1) of LINES; a line of one point is one of length 0."""
+    return [(a, b, c, d) for pixels in lines
+            for (a, b), (c, d) in zip(pixels, pixels[1:] or pixels)]
 
 
 def document(width, height, title, panels):
