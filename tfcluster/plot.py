@@ -35,20 +35,23 @@ def _number(value):
 
 
 def _tasks(runs):
-    """[(legend label, records, start)] of every task of RUNS [(run id, series)]; START is the
-    time of its run's first point. With several runs each label starts with the run id."""
+    """[(legend label, records with a step, start)] of every task of RUNS [(run id, series)];
+    START is the time of its run's first point. With several runs each label starts with the
+    run id."""
     tasks = []
     for run_id, series in runs:
         start = min(records[0]["time"] for records in series.values())
         for task, records in series.items():
-            tasks.append((task if len(runs) == 1 else "%s %s" % (run_id, task), records, start))
+            tasks.append((task if len(runs) == 1 else "%s %s" % (run_id, task),
+                          [r for r in records if _number(r.get("step"))], start))
     return tasks
 
 
 def _points(records, value, against, start):
-    """(x, y) of RECORDS that have VALUE and a step; x is the step or the seconds since START."""
-    return [(r["step"] if against == "step" else r["time"] - start, r[value])
-            for r in records if _number(r.get(value)) and _number(r.get("step"))]
+    """(x, y) of RECORDS that have VALUE; x is the step or the seconds since START."""
+    if against == "step":
+        return [(r["step"], r[value]) for r in records if _number(r.get(value))]
+    return [(r["time"] - start, r[value]) for r in records if _number(r.get(value))]
 
 
 def _falls_far(value, series):
