@@ -31,7 +31,7 @@ def _series(store):
 
 
 def _number(value):
-    return type(value) in (int, float) and math.isfinite(value)  # type: True is no number
+    return type(value) in (int, float) and math.isfinite(value)  # not bool: True is no measure
 
 
 def _tasks(runs):
