@@ -16,6 +16,24 @@ from example_checks import (assert_learned, check_metrics, check_run, check_tens
                             metric_points)
 
 CHECKS = {}
+
+
+def smoke_launch(example):
+    """What decides EXAMPLE's --smoke launch (a catalog.Example): its command, smoke arguments,
+    topology, success and restart policies, GPU placement, and its data set when the smoke
+    arguments read one from disk. Not its name, texts or full-size arguments."""
+    reads_data = "data_dir" in example.smoke
+    return (example.command, example.smoke, sorted(example.topology.items()), example.success,
+            example.restart, example.task_per_gpu, example.dataset if reads_data else "")
+
+
+def smoke_twins(catalog):
+    """{example: the earlier example of CATALOG whose --smoke launch is the same}: one launch
+    proves both (fashion_mnist's smoke run is mnist_replica's: its own data set is in `args`)."""
+    first, twins = {}, {}
+    for name, example in catalog.items():
+        twins.setdefault(name, first.setdefault(repr(smoke_launch(example)), name))
+    return {name: twin for name, twin in twins.items() if twin != name}
 # CIFAR-10 after 120 steps (--smoke): accuracy on the 500 held-out images and the test loss as a
 # fraction of the initial one, far from the worst of repeated runs (each test's docstring in
 # tests/test_cifar10.py).

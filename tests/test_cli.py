@@ -90,3 +90,21 @@ def test_a_command_parsed_alone_reads_as_with_every_command_built(capsys):
                 cli.build_parser(only).parse_args(argv)
             helps.append(capsys.readouterr().out)
         assert helps[0] == helps[1] and helps[0], argv
+
+
+def test_fashion_mnists_smoke_launch_is_mnist_replicas():
+    """The labs' every-example run launches one of two examples whose --smoke launches are the
+    same (tests/example_smoke.smoke_twins): their every task's command is."""
+    from example_smoke import smoke_twins
+    from tfcluster.catalog import load_catalog, task_command
+    from tfcluster.inventory import load_slots
+    from tfcluster.spec import build_cluster
+    catalog = load_catalog()
+    assert smoke_twins(catalog) == {"fashion_mnist": "mnist_replica"}
+    twin, original = catalog["fashion_mnist"], catalog["mnist_replica"]
+    cluster = build_cluster(load_slots(os.path.join(REPO, "inventory", "local.yml")), twin.topology)
+    for task in cluster.tasks:
+        assert (task_command(twin, cluster, task, "/r", "/r/c", smoke=True)
+                == task_command(original, cluster, task, "/r", "/r/c", smoke=True))
+        assert (task_command(twin, cluster, task, "/r", "/r/c")
+                != task_command(original, cluster, task, "/r", "/r/c"))

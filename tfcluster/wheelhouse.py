@@ -15,7 +15,18 @@ plus tensorflow[and-cuda] with --gpu) and the requirements, then `pip download -
 no-deps ones (tf-keras), into DEST; `-e tensorflow_install_mode=offline` (or the inventory
 `tfcluster init` writes) makes deploy.yml install from it with `pip --no-index`. Wheels are picked
 for the controller's Python unless --python-version names the hosts'. Files already in DEST are
-not downloaded again and pip's cache serves the rest.
+not downloaded again and pip's cache serves the rest. After both succeed, DEST/wheelhouse.json
+(tfcluster/wheelrecord.py) records their inputs (the constraints and requirements files' hashes,
+the TensorFlow version, --gpu/--no-cpu, --python-version/--platform, pip's interpreter and one
+hash of the PIP_* variables and pip.conf files, never their values) and DEST's wheels with their
+sizes. A rerun whose inputs match and whose recorded wheels are all there at those sizes runs no
+pip (its resolution costs seconds of CPU for nothing) and says the wheels are up to date; any
+other rerun, or one after a failed download, runs pip and records again. The constraints pin
+every package the lock resolved for its Python, so pip would pick the same versions again (wheels
+for another --python-version may need a package they leave unpinned: the record keeps the
+version pip first picked). What the record cannot see (a wheel added to a --find-links folder or
+to a pinned version on the index, a file pip.conf names changed in place) needs pip: delete
+DEST/wheelhouse.json to run it.
 
 Then the packed environment (--no-pack skips it): a venv made with the hosts' base interpreter
 (--pack-python, default /usr/bin/python3: same path and version as the hosts'), installed from DEST
@@ -266,14 +277,31 @@ def run(args):
 
 def download_and_pack(args):
     # Here, not at the top: `tfcluster` builds every command's parser (add_arguments) each start.
-    from tfcluster.wheelpack import build_pack, call
+    from tfcluster.wheelpack import build_pack
+    code = download(args)
+    if code != 0:
+        return code
+    return build_pack(args) if args.pack else 0
+
+
+def download(args):
+    """The two `pip download`s, unless DEST's record (tfcluster/wheelrecord.py) says they ran
+    with these inputs and left every wheel still there."""
+    from tfcluster import wheelrecord
+    from tfcluster.wheelpack import call
     started = time.monotonic()
+    inputs = wheelrecord.inputs(args)
+    wheels = wheelrecord.up_to_date(args.dest, inputs)
+    if wheels is not None:
+        print("wheelhouse: %d wheels, %.0f MB in %s are up to date (pip not run)"
+              % (len(wheels), sum(wheels.values()) / 1e6, args.dest))
+        return 0
+    wheelrecord.forget(args.dest)
     for cmd in (pip_command(args), no_deps_command(args)):
         code = call(cmd, "pip download failed")
         if code != 0:
             return code
-    wheels = sorted(p for p in os.listdir(args.dest) if p.endswith(".whl"))
-    size = sum(os.path.getsize(os.path.join(args.dest, p)) for p in wheels)
+    wheels = wheelrecord.write(args.dest, inputs)
     print("wheelhouse: %d wheels, %.0f MB in %s (%.0f s)"
-          % (len(wheels), size / 1e6, args.dest, time.monotonic() - started))
-    return build_pack(args) if args.pack else 0
+          % (len(wheels), sum(wheels.values()) / 1e6, args.dest, time.monotonic() - started))
+    return 0
