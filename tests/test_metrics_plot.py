@@ -1,6 +1,7 @@
 """metrics.jsonl, cluster totals, efficiency, metrics.svg, `tfcluster plot` and `tensorboard`."""
 import io
 import json
+import os
 import sys
 
 import pytest
@@ -77,7 +78,7 @@ def test_metrics_svg_draws_each_task_in_every_panel_in_one_colour(tmp_path):
     out = tmp_path / "r1" / "metrics.svg"
     assert plot.write_run_svg(run_dir, store, PlainReporter()) == str(out)
     assert sorted(p.name for p in out.parent.iterdir()) == ["metrics.jsonl", "metrics.svg",
-                                                            "run.json"]   # no .partial left
+                                                            "run.json"]   # no part file left
     drawn = picture(out)
     assert list(drawn) == [""] + PANELS and drawn[""].texts == ["r1"]
     labels = ["chief:0", 'odd<&>"task', "worker:0"]
@@ -140,7 +141,7 @@ def test_a_refused_picture_is_a_warning_not_the_runs_outcome(tmp_path):
     stream = io.StringIO()
     assert plot.write_run_svg(run_dir, metrics.load(run_dir), PlainReporter(stream)) is None
     assert "WARNING cannot write %s/metrics.svg" % run_dir in stream.getvalue()
-    assert not (tmp_path / "r1" / "metrics.svg.partial").exists()
+    assert sorted(os.listdir(tmp_path / "r1")) == ["metrics.jsonl", "metrics.svg", "run.json"]
 
 
 def test_plot_command_overlays_two_runs(tmp_path, capsys):

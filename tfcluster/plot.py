@@ -4,12 +4,12 @@ SVG file that any browser opens (no display needed).
 Written in-process in a few milliseconds: at a run's end (runs/<id>/metrics.svg) and by
 `tfcluster plot`.
 """
-import contextlib
 import math
 import os
 
 from tfcluster import metrics, svgchart
 from tfcluster.errors import UsageError
+from tfcluster_agent.supervisor import write_atomic
 
 FILE = "metrics.svg"
 PANELS = (("loss", "step", "loss against global step"),
@@ -80,20 +80,6 @@ def _run_id(run_dir):
     return os.path.basename(os.path.normpath(run_dir))
 
 
-def _write_atomically(path, text):
-    """PATH holds TEXT whole or is untouched: written to PATH.partial first."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    partial = path + ".partial"
-    try:
-        with open(partial, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(partial, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise
-
-
 def write_svg(run_dirs, out_path):
     """Draw the runs in RUN_DIRS into OUT_PATH, for `tfcluster plot`."""
     runs = [(_run_id(d), _series(metrics.load(d))) for d in run_dirs]
@@ -102,7 +88,8 @@ def write_svg(run_dirs, out_path):
         raise UsageError("run %s has no metrics (no TFCLUSTER_METRIC points in its "
                          "metrics.jsonl): nothing to plot" % ", ".join(empty))
     try:
-        _write_atomically(out_path, render(runs))
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        write_atomic(out_path, render(runs))
     except OSError as err:
         raise UsageError("cannot write %s: %s (pick another -o FILE)"
                          % (out_path, err.strerror or err)) from None
@@ -116,7 +103,7 @@ def write_run_svg(run_dir, store, reporter):
         return None
     path = os.path.join(run_dir, FILE)
     try:
-        _write_atomically(path, render([(_run_id(run_dir), _series(store))]))
+        write_atomic(path, render([(_run_id(run_dir), _series(store))]))
     except OSError as err:
         reporter.note("WARNING cannot write %s: %s" % (path, err.strerror or err))
         return None

@@ -89,9 +89,16 @@ def write_atomic(path, text):
     host's report are nobody else's business."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError:  # a full disk, or PATH a folder: no half file left beside it
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def group_is_ours(record):
