@@ -11,12 +11,9 @@ import json
 import os
 import shutil
 
+from tfcluster.datafetch import sha256_of
+
 RECORD = "wheelhouse.json"
-
-
-def file_hash(path):
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def pip_settings_hash(program):
@@ -36,7 +33,7 @@ def pip_settings_hash(program):
               os.environ.get("PIP_CONFIG_FILE", "")]
     for path in paths:
         if os.path.isfile(path):
-            digest.update(("file %s %s\0" % (path, file_hash(path))).encode())
+            digest.update(("file %s %s\0" % (path, sha256_of(path))).encode())
     return digest.hexdigest()
 
 
@@ -54,9 +51,9 @@ def interpreter(program):
 def inputs(args):
     """What decides the files `pip download` puts in DEST (args as wheelhouse.complete fills them)."""
     program = shutil.which(args.pip[0]) or args.pip[0]
-    return {"constraints": file_hash(args.constraints),
-            "requirements": file_hash(args.requirements),
-            "no_deps_requirements": file_hash(args.no_deps_requirements),
+    return {"constraints": sha256_of(args.constraints),
+            "requirements": sha256_of(args.requirements),
+            "no_deps_requirements": sha256_of(args.no_deps_requirements),
             "tf_version": args.tf_version, "cpu": args.cpu, "gpu": args.gpu,
             "python_version": args.python_version, "platform": args.platform,
             "pip": interpreter(program) + args.pip[1:], "machine": os.uname().machine,
