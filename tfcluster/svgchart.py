@@ -80,7 +80,7 @@ class Scale:
         return math.log10(value) if self.log else value
 
     def __call__(self, value):
-        return self.start + (self._axis(value) - self.lo) * self.per_unit
+        return self.pixels([value])[0]
 
     def pixels(self, values):
         start, lo, per_unit = self.start, self.lo, self.per_unit
