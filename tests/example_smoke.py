@@ -23,8 +23,9 @@ def smoke_launch(example):
     topology, success and restart policies, GPU placement, and its data set when the smoke
     arguments read one from disk. Not its name, texts or full-size arguments."""
     reads_data = "data_dir" in example.smoke
-    return (example.command, example.smoke, sorted(example.topology.items()), example.success,
-            example.restart, example.task_per_gpu, example.dataset if reads_data else "")
+    return (example.command, example.smoke, tuple(sorted(example.topology.items())),
+            example.success, example.restart, example.task_per_gpu,
+            example.dataset if reads_data else "")
 
 
 def smoke_twins(catalog):
@@ -32,8 +33,12 @@ def smoke_twins(catalog):
     proves both (fashion_mnist's smoke run is mnist_replica's: its own data set is in `args`)."""
     first, twins = {}, {}
     for name, example in catalog.items():
-        twins.setdefault(name, first.setdefault(repr(smoke_launch(example)), name))
-    return {name: twin for name, twin in twins.items() if twin != name}
+        launch = smoke_launch(example)
+        if launch in first:
+            twins[name] = first[launch]
+        else:
+            first[launch] = name
+    return twins
 # CIFAR-10 after 120 steps (--smoke): accuracy on the 500 held-out images and the test loss as a
 # fraction of the initial one, far from the worst of repeated runs (each test's docstring in
 # tests/test_cifar10.py).
