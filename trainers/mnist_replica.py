@@ -61,7 +61,8 @@ def train(info, server, dataset, args):
     if args.sync_replicas and info.is_chief:
         sess.run(init_tokens_op)
         coord = tf.train.Coordinator()
-        chief_queue_runner.create_threads(sess, coord=coord, daemon=True, start=True)
+        queue_threads = chief_queue_runner.create_threads(sess, coord=coord, daemon=True,
+                                                          start=True)
 
     progress, evaluate = loop.train_replica(info, sess, saver, args, model, dataset,
                                             args.train_steps)
@@ -73,7 +74,12 @@ def train(info, server, dataset, args):
     bootstrap.log("After %d training step(s), validation cross entropy = %g"
                   % (progress.step, loss))
     if coord is not None:
+        # The queue runner's threads leave sess.run before Python ends: one that returns from
+        # it while the interpreter finalizes is killed inside TensorFlow's C++ and aborts the
+        # process after its result (exit 134). Closing the session cancels their pending runs.
         coord.request_stop()
+        sess.close()
+        coord.join(queue_threads, stop_grace_period_secs=30, ignore_live_threads=True)
     return progress.result(loss, accuracy, dataset=dataset.name, sync=bool(args.sync_replicas))
 
 
