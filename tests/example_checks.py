@@ -108,7 +108,7 @@ def check_metrics_file_and_svg(run_dir, wanted):
     """metrics.jsonl holds each task's logged points (step and loss, in order; WANTED: {task:
     how many at least}); metrics.svg, written before the launch returned, draws each task's
     loss at every one of them."""
-    from tfcluster import metrics
+    from tfcluster.runs import metrics
     stored = metrics.load(run_dir).records
     drawn = picture(os.path.join(run_dir, "metrics.svg"))["loss against global step"].lines
     for label, least in wanted.items():

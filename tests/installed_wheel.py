@@ -40,7 +40,7 @@ def install_wheel(wheel, base):
     # beside site-packages, for the Python pip runs on).
     script = os.path.join(venv, "bin", "tfcluster")
     with open(script, "w") as handle:
-        handle.write("#!%s\nimport sys\nfrom tfcluster.cli import main\nsys.exit(main())\n" % python)
+        handle.write("#!%s\nimport sys\nfrom tfcluster.cli.main import main\nsys.exit(main())\n" % python)
     os.chmod(script, 0o755)
     work = os.path.join(base, "work")
     os.makedirs(work)

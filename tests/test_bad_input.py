@@ -1,6 +1,6 @@
 """Bad input: a one-line error naming the problem and the fix, exit 2, nothing started.
 
-The CLI runs in-process (tfcluster.cli.main) so these stay fast."""
+The CLI runs in-process (tfcluster.cli.main.main) so these stay fast."""
 import json
 import os
 import subprocess
@@ -9,11 +9,11 @@ import pytest
 
 from conftest import REPO
 from test_cli import run_cli as run
-from tfcluster import runs
-from tfcluster.catalog import check_templates, custom_example, load_catalog, task_command
+from tfcluster.runs import store as runs
+from tfcluster.spec.catalog import check_templates, custom_example, load_catalog, task_command
 from tfcluster.errors import UsageError
-from tfcluster.inventory import Machine, Slot, load_slots
-from tfcluster.spec import build_cluster
+from tfcluster.hosts.inventory import Machine, Slot, load_slots
+from tfcluster.spec.cluster import build_cluster
 
 
 def assert_usage_error(code, err, message):
@@ -220,7 +220,7 @@ def test_code_deployed_before_the_agent_had_a_main_asks_for_a_deploy(tmp_path, m
     import shutil
     import sys
     import time
-    from tfcluster.hosts import AgentLink, HostError
+    from tfcluster.hosts.links import AgentLink, HostError
     drain = AgentLink._drain_stderr
 
     def late_drain(link, stream):
@@ -241,7 +241,7 @@ def test_a_launch_refused_after_its_local_agents_started_ends_them(tmp_path, cap
     """The local agents start before the launcher's modules are imported (cli.planned_launch):
     a launch refused after that (its run id taken) ends them before it returns."""
     from conftest import local_inventory_text
-    from tfcluster.hosts import Hosts
+    from tfcluster.hosts.links import Hosts
     inventory = tmp_path / "local.yml"
     inventory.write_text(local_inventory_text(str(tmp_path / "work"), workers=2, ps=0))
     (tmp_path / "runs" / "taken").mkdir(parents=True)

@@ -11,13 +11,15 @@ from rich.console import Console
 from conftest import free_port_block
 from test_agent import agent  # noqa: F401  (the fixture, used by name)
 from test_launcher_unit import FakeHosts, FakeLink, cluster_of, run
-from tfcluster import proxy, reach, rootcause
+from tfcluster.launch import proxy
+from tfcluster.launch import reach
+from tfcluster.diagnosis import rootcause
 from tfcluster.errors import PreflightError, RunFailed
-from tfcluster.live import LiveReporter
-from tfcluster.monitor import Monitor, first_failure
-from tfcluster.record import PreflightReport, TaskState, TaskStatus
-from tfcluster.report import PlainReporter, is_noise
-from tfcluster.stragglers import StragglerWatch
+from tfcluster.view.live import LiveReporter
+from tfcluster.launch.monitor import Monitor, first_failure
+from tfcluster.runs.record import PreflightReport, TaskState, TaskStatus
+from tfcluster.view.report import PlainReporter, is_noise
+from tfcluster.diagnosis.stragglers import StragglerWatch
 from tfcluster_agent import protocol as P
 from tfcluster_agent import reach as agent_reach
 from tfcluster_agent.hostinfo import proxy_facts
@@ -102,7 +104,7 @@ def test_an_older_agent_is_named_with_the_fix():
     link = next(iter(hosts.links.values()))
 
     def old(msg, *args, **kwargs):
-        from tfcluster.hosts import HostError
+        from tfcluster.hosts.links import HostError
         raise HostError(link.machine, "listen: not a tfcluster message: '{\"type\":\"listen\"}'")
     link.request = old
     assert reach.check(hosts, cluster) == [

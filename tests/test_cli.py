@@ -31,7 +31,7 @@ def test_usage_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch, args, m
 
 def run_cli(capsys, *argv):
     """tfcluster in this process (fast): (exit code, stdout, stderr)."""
-    from tfcluster import cli
+    from tfcluster.cli import main as cli
     try:
         code = cli.main(list(argv))
     except SystemExit as exit_:  # argparse's errors
@@ -54,7 +54,7 @@ def test_examples_lists_names_first():
     proc = tfcluster("examples", check=0)
     names = [line.split()[0] for line in proc.stdout.splitlines()]
     assert "mnist_replica" in names
-    from tfcluster.catalog import load_catalog
+    from tfcluster.spec.catalog import load_catalog
     assert names == list(load_catalog())
 
 
@@ -74,7 +74,7 @@ def test_readme_quick_start_commands():
 def test_a_command_parsed_alone_reads_as_with_every_command_built(capsys):
     """main builds only the named command's arguments (cliparse.named_command): every command's help
     and the top-level help read the same as from the parser with every command built."""
-    from tfcluster import cli
+    from tfcluster.cli import main as cli
 
     def named(argv):
         return cli.named_command(argv, cli.COMMANDS)
@@ -96,9 +96,9 @@ def test_fashion_mnists_smoke_launch_is_mnist_replicas():
     """The labs' every-example run launches one of two examples whose --smoke launches are the
     same (tests/example_smoke.smoke_twins): their every task's command is."""
     from example_smoke import smoke_twins
-    from tfcluster.catalog import load_catalog, task_command
-    from tfcluster.inventory import load_slots
-    from tfcluster.spec import build_cluster
+    from tfcluster.spec.catalog import load_catalog, task_command
+    from tfcluster.hosts.inventory import load_slots
+    from tfcluster.spec.cluster import build_cluster
     catalog = load_catalog()
     assert smoke_twins(catalog) == {"fashion_mnist": "mnist_replica"}
     twin, original = catalog["fashion_mnist"], catalog["mnist_replica"]

@@ -15,11 +15,13 @@ import yaml
 from ansible_run import ansible_tool
 from conftest import REPO
 from installed_wheel import build_wheel, install_wheel, run_installed
-from tfcluster import cli, deploy, wheelhouse
+from tfcluster.cli import main as cli
+from tfcluster.deploy import playbook as deploy
+from tfcluster.deploy import wheelhouse
 
 COLLECTION = "ansible_collections/tfcluster/cluster/"
 # What `make collection` puts in the tarball: the Ansible content, the host packages and the
-# datasets role's manifest (tfcluster/datasets.json, its one file from tfcluster/).
+# datasets role's manifest (tfcluster/data/datasets.json, its one file from tfcluster/).
 TARBALL_TOP = {"README.md", "meta", "playbooks", "roles", "tfcluster", "tfcluster_agent", "trainers"}
 HARMLESS_INVENTORY = """all:
   vars:
@@ -79,7 +81,7 @@ def test_tarball_leaves_everything_else_out():
             if not any(fnmatch.fnmatch(part, pattern)
                        for part in (path.split("/")[0], path) for pattern in patterns)]
     assert {path.split("/")[0] for path in kept} == TARBALL_TOP | {"galaxy.yml"}, kept
-    assert [path for path in kept if path.startswith("tfcluster/")] == ["tfcluster/datasets.json"]
+    assert [path for path in kept if path.startswith("tfcluster/")] == ["tfcluster/data/datasets.json"]
 
 
 def test_find_content_prefers_the_installed_collection(tmp_path):
@@ -173,8 +175,8 @@ def test_wheel_carries_the_checkouts_ansible_content(wheel):
                 assert archive.read(COLLECTION + path) == handle.read(), path
         # The host packages the trainers role pushes sit beside ansible_collections/.
         assert {"tfcluster_agent/agent.py", "tfcluster_agent/hostcode.json", "trainers/requirements.txt",
-                "trainers/requirements-no-deps.txt", "tfcluster/datasets.json",
-                "tfcluster/catalog.yml", "trainers/common/loop.py",
+                "trainers/requirements-no-deps.txt", "tfcluster/data/datasets.json",
+                "tfcluster/spec/catalog.yml", "trainers/common/loop.py",
                 "trainers/cifar10/__main__.py"} <= names
 
 

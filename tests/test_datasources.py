@@ -16,8 +16,9 @@ import zlib
 import numpy as np
 import pytest
 
-from tfcluster import cli, datasources
-from tfcluster import datafetch as fetcher
+from tfcluster.cli import main as cli
+from tfcluster.data import sources as datasources
+from tfcluster.data import fetch as fetcher
 from tfcluster.errors import TfclusterError
 from trainers.common import data
 
@@ -442,6 +443,6 @@ def test_extract_without_the_tar_data_filter(tmp_path, monkeypatch, has_filter):
 
 def test_a_url_fetch_does_not_import_numpy():
     # `tfcluster data fetch --url` starts faster without it; only a rebuild needs arrays.
-    probe = "import sys, tfcluster.datafetch; print('numpy' in sys.modules)"
+    probe = "import sys, tfcluster.data.fetch; print('numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -48,7 +48,7 @@ from hostlib import engine as dockerd  # noqa: E402
 from hostlib import image  # noqa: E402
 from hostlib.common import proc_cmdline  # noqa: E402
 from hostlib.ssh import ssh_base  # noqa: E402
-from tfcluster.wheelhouse import PACK_CACHE_ENV  # noqa: E402
+from tfcluster.deploy.wheelhouse import PACK_CACHE_ENV  # noqa: E402
 
 SCRIPT = os.path.join(REPO, "scripts", "dockerhosts")
 ROOT = "/opt/tfcluster"

@@ -17,10 +17,10 @@ import pytest
 from conftest import (REPO, free_port_block, local_inventory_text, processes_matching, run_record,
                       stop_leftovers, stopped_by_lease, tfcluster, wait_for)
 from other_users import readable_copy  # noqa: F401  (fixture, used by name)
-from tfcluster import gpus
-from tfcluster.inventory import Machine, Slot, load_slots
-from tfcluster.record import PreflightReport
-from tfcluster.spec import build_cluster
+from tfcluster.gpus import placement as gpus
+from tfcluster.hosts.inventory import Machine, Slot, load_slots
+from tfcluster.runs.record import PreflightReport
+from tfcluster.spec.cluster import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
 from tfcluster_agent import protocol as P
 from tfcluster_agent.values import replace
@@ -351,8 +351,9 @@ def test_a_dead_waiter_does_not_hold_the_queue(fake_gpus):
 
 
 def test_stop_of_a_waiting_run_whose_launcher_died(tmp_path):
-    from tfcluster import gpuqueue, runs
-    from tfcluster.report import PlainReporter
+    from tfcluster.gpus import claims as gpuqueue
+    from tfcluster.runs import store as runs
+    from tfcluster.view.report import PlainReporter
     gone = subprocess.Popen(["true"])
     gone.wait()
     record = runs.create(str(tmp_path), "w1")
@@ -676,7 +677,7 @@ def pwd_name(uid):
 
 def outcomes_of(found):
     """Hosts.each's Outcomes of {machine key: GPU facts or HostError}."""
-    from tfcluster.hosts import HostError, Outcomes
+    from tfcluster.hosts.links import HostError, Outcomes
     outcomes = Outcomes()
     for key, value in found.items():
         (outcomes.failed if isinstance(value, HostError) else outcomes.succeeded)[key] = value
@@ -691,8 +692,8 @@ def table_rows(text):
 
 
 def test_gpus_table_rows_for_unreachable_and_gpu_less_hosts():
-    from tfcluster import gpustable
-    from tfcluster.hosts import HostError
+    from tfcluster.gpus import table as gpustable
+    from tfcluster.hosts.links import HostError
     down, bare, broken = (Machine(address=a) for a in ("gpu07", "cpu01", "gpu08"))
     table, notes = gpustable.rows([down, bare, broken], outcomes_of({
         down.key: HostError(down, "cannot connect: timed out"),
@@ -715,7 +716,7 @@ def test_gpus_watch_ends_on_ctrl_c_in_a_process_started_with_sigint_ignored(monk
     SIGINT itself and puts the disposition it found back."""
     import contextlib
     import types
-    from tfcluster import gpustable
+    from tfcluster.gpus import table as gpustable
     host = Machine(address="localhost", connection="local")
     monkeypatch.setattr(gpustable, "Hosts", lambda machines: contextlib.nullcontext())
     monkeypatch.setattr(gpustable, "query", lambda hosts, machines: outcomes_of({host.key: {
@@ -750,7 +751,7 @@ def test_closing_a_local_agent_that_does_not_end_kills_it_and_what_it_started(tm
     nvidia-smi) to run on. The "agent" here is a shell that never reads its stdin."""
     import queue
     from conftest import pid_alive
-    from tfcluster import hosts
+    from tfcluster.hosts import links as hosts
     pid_file = tmp_path / "child.pid"
     monkeypatch.setattr(hosts, "agent_argv", lambda python, package_dir: [
         "sh", "-c", "sleep 60 & echo $! > %s; wait" % pid_file])

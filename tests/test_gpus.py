@@ -5,11 +5,11 @@ import re
 import pytest
 
 from conftest import REPO
-from tfcluster import gpus
-from tfcluster.catalog import load_catalog, task_command
-from tfcluster.inventory import load_slots
-from tfcluster.record import PreflightReport
-from tfcluster.spec import build_cluster
+from tfcluster.gpus import placement as gpus
+from tfcluster.spec.catalog import load_catalog, task_command
+from tfcluster.hosts.inventory import load_slots
+from tfcluster.runs.record import PreflightReport
+from tfcluster.spec.cluster import build_cluster
 
 SAMPLE = os.path.join(REPO, "inventory", "sample")
 JOBS = ("chief", "worker", "ps", "evaluator")

@@ -1,6 +1,6 @@
 """The failure hints: TensorFlow's real error texts map to one line of advice, once."""
-from tfcluster.hints import hints_for, print_hints
-from tfcluster.report import PlainReporter
+from tfcluster.diagnosis.hints import hints_for, print_hints
+from tfcluster.view.report import PlainReporter
 
 # The end of a worker's log under Keras 3, as examples/keras_multi_worker.py printed it.
 KERAS3_MWMS = """Traceback (most recent call last):

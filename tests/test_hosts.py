@@ -5,8 +5,8 @@ import sys
 import threading
 
 from conftest import REPO
-from tfcluster.hosts import Hosts
-from tfcluster.inventory import Machine
+from tfcluster.hosts.links import Hosts
+from tfcluster.hosts.inventory import Machine
 from tfcluster_agent import protocol as P
 
 

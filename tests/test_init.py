@@ -9,8 +9,8 @@ import pytest
 
 from ansible_run import ansible_tool
 from conftest import REPO
-from tfcluster import cli
-from tfcluster.inventory import read_slots
+from tfcluster.cli import main as cli
+from tfcluster.hosts.inventory import read_slots
 
 
 def init(*argv):

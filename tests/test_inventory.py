@@ -2,8 +2,8 @@
 import pytest
 
 from tfcluster.errors import UsageError
-from tfcluster.inventory import load_slots
-from tfcluster.spec import build_cluster
+from tfcluster.hosts.inventory import load_slots
+from tfcluster.spec.cluster import build_cluster
 
 
 def write(tmp_path, name, text):
@@ -115,7 +115,7 @@ def test_missing_and_unparsable_inventory(tmp_path):
 
 def test_shipped_local_inventory_covers_every_example():
     import os
-    from tfcluster.catalog import load_catalog
+    from tfcluster.spec.catalog import load_catalog
     from conftest import REPO
     slots = load_slots(os.path.join(REPO, "inventory", "local.yml"))
     assert {s.machine.connection for s in slots} == {"local"}
@@ -133,7 +133,7 @@ worker:
 """)
     cluster = build_cluster(load_slots(inventory), {"worker": 1}, task_per_gpu=False)
     assert [t.cuda_visible_devices for t in cluster.tasks] == ["0,1"]
-    from tfcluster.catalog import load_catalog
+    from tfcluster.spec.catalog import load_catalog
     assert load_catalog()["mnist_towers"].task_per_gpu is False
 
 
@@ -152,7 +152,7 @@ worker:
 
 
 def test_tfcluster_address_is_what_tensorflow_uses_and_ssh_keeps_ansible_host(tmp_path):
-    from tfcluster.catalog import load_catalog, task_command
+    from tfcluster.spec.catalog import load_catalog, task_command
     cluster = build_cluster(load_slots(write(tmp_path, "hosts.yml", DATA_NETWORK)))
     data = {"ps": ["192.168.100.1:2222"], "chief": ["gpu02-ib.example.com:2222"],
             "worker": ["gpu02-ib.example.com:2223", "10.0.0.3:2222"]}
@@ -223,7 +223,7 @@ def test_sample_data_network_example_works_uncommented(tmp_path):
 
 def test_the_inventory_cache_keeps_only_the_newest(tmp_path, monkeypatch):
     import os
-    from tfcluster import inventory as inventory_module
+    from tfcluster.hosts import inventory as inventory_module
     cache = tmp_path / "cache"
     cache.mkdir()
     monkeypatch.setattr(inventory_module, "CACHE_DIR", str(cache))

@@ -10,14 +10,14 @@ import sys
 import pytest
 
 from conftest import REPO, tfcluster
-from tfcluster import sharing
-from tfcluster.cli import build_parser
-from tfcluster.deploy import playbook_command
+from tfcluster.launch import sharing
+from tfcluster.cli.main import build_parser
+from tfcluster.deploy.playbook import playbook_command
 from tfcluster.errors import UsageError
-from tfcluster.inventory import Machine, default_root, load_slots
-from tfcluster.record import PreflightReport
-from tfcluster.spec import Cluster, Task
-from tfcluster.taskenv import host_run_dir
+from tfcluster.hosts.inventory import Machine, default_root, load_slots
+from tfcluster.runs.record import PreflightReport
+from tfcluster.spec.cluster import Cluster, Task
+from tfcluster.launch.taskenv import host_run_dir
 from tfcluster_agent import shares
 
 READY = os.path.join(REPO, "playbooks", "files", "system_ready.py")

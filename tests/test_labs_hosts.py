@@ -26,7 +26,7 @@ from ansible_run import Ansible, task_status_runs
 from conftest import REPO, ready_wheelhouse, run_record, tfcluster
 from fixtures_testhosts import HostSet, exclusive
 from hostlib import labusers
-from tfcluster.catalog import load_catalog
+from tfcluster.spec.catalog import load_catalog
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

@@ -186,8 +186,8 @@ def test_detach_status_logs_stop(local_env):
 def test_busy_port_fails_preflight_and_starts_nothing(local_env):
     import socket
     inventory, runs_dir = local_env
-    from tfcluster.inventory import load_slots
-    from tfcluster.spec import build_cluster
+    from tfcluster.hosts.inventory import load_slots
+    from tfcluster.spec.cluster import build_cluster
     cluster = build_cluster(load_slots(inventory), {"chief": 0, "worker": 1, "ps": 1,
                                                    "evaluator": 0})
     blocker = socket.socket()

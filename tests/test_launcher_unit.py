@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from tfcluster import catalog
+from tfcluster.spec import catalog
 from tfcluster.errors import PreflightError, RunFailed, RunTimedOut
-from tfcluster.hosts import Outcomes
-from tfcluster.inventory import Machine, Slot
-from tfcluster.launcher import Launch, LaunchOptions
-from tfcluster.report import PlainReporter
-from tfcluster.spec import build_cluster
+from tfcluster.hosts.links import Outcomes
+from tfcluster.hosts.inventory import Machine, Slot
+from tfcluster.launch.launcher import Launch, LaunchOptions
+from tfcluster.view.report import PlainReporter
+from tfcluster.spec.cluster import build_cluster
 from tfcluster_agent import protocol as P
 
 
@@ -245,8 +245,8 @@ def test_baseline_then_the_main_run_both_get_the_live_table(tmp_path, monkeypatc
     does, once), and the main run's table shows its own tasks, not the baseline's."""
     from rich.console import Console
 
-    from tfcluster import launcher
-    from tfcluster.live import LiveReporter
+    from tfcluster.launch import launcher
+    from tfcluster.view.live import LiveReporter
     cluster = cluster_of()
     slots = sorted({t.slot: Slot(name=t.slot, job=t.job, machine=t.machine, port_base=2222)
                     for t in cluster.tasks}.values(), key=lambda s: s.name)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from trainers.common import data
-from tfcluster import cli
-from tfcluster import datafetch as fetcher
+from tfcluster.cli import main as cli
+from tfcluster.data import fetch as fetcher
 from tfcluster.errors import TfclusterError
 
 

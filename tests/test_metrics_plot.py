@@ -7,9 +7,13 @@ import sys
 import pytest
 
 from example_checks import picture
-from tfcluster import cli, metrics, plot, runs, tensorboard
+from tfcluster.cli import main as cli
+from tfcluster.runs import metrics
+from tfcluster.view import plot
+from tfcluster.runs import store as runs
+from tfcluster.view import tensorboard
 from tfcluster.errors import UsageError
-from tfcluster.report import PlainReporter
+from tfcluster.view.report import PlainReporter
 
 
 def fake_run(runs_dir, run_id, tasks=("worker:0", "worker:1"), points=6, rate=100.0):

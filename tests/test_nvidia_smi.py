@@ -23,11 +23,12 @@ import pytest
 from conftest import REPO, processes_matching
 from test_gpu_sharing import (FAKE_SMI, fake_gpus, local_slots, outcomes_of,  # noqa: F401
                               reports_for, smi_in_process)
-from tfcluster import gpus, gpustable
-from tfcluster.inventory import Machine, Slot
-from tfcluster.spec import build_cluster
+from tfcluster.gpus import placement as gpus
+from tfcluster.gpus import table as gpustable
+from tfcluster.hosts.inventory import Machine, Slot
+from tfcluster.spec.cluster import build_cluster
 from tfcluster_agent import gpuclaims, gpuinfo
-from tfcluster.record import PreflightReport
+from tfcluster.runs.record import PreflightReport
 
 SAVED = os.path.join(REPO, "tests", "data", "nvidia-smi")
 

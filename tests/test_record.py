@@ -6,14 +6,16 @@ import json
 import pytest
 
 from test_launcher_unit import FakeHosts, FakeLink
-from tfcluster import catalog, manage, runs
+from tfcluster.spec import catalog
+from tfcluster.cli import manage
+from tfcluster.runs import store as runs
 from tfcluster.errors import UsageError
-from tfcluster.inventory import Machine, Slot
-from tfcluster.launcher import Launch, LaunchOptions
-from tfcluster.record import (FORMAT_VERSION, RecordError, RunRecord, RunState, TaskState,
+from tfcluster.hosts.inventory import Machine, Slot
+from tfcluster.launch.launcher import Launch, LaunchOptions
+from tfcluster.runs.record import (FORMAT_VERSION, RecordError, RunRecord, RunState, TaskState,
                               check_transition)
-from tfcluster.report import PlainReporter
-from tfcluster.spec import build_cluster
+from tfcluster.view.report import PlainReporter
+from tfcluster.spec.cluster import build_cluster
 from tfcluster_agent import protocol as P
 
 # A record as the code before the run model wrote it (format 1: no "format", tasks by address).
@@ -188,7 +190,7 @@ def test_two_machines_behind_one_address_are_two_to_status_logs_and_stop(tmp_pat
 
 
 def test_the_monitor_is_the_only_writer_of_task_state():
-    from tfcluster.monitor import Monitor
+    from tfcluster.launch.monitor import Monitor
     cluster = two_machines_one_address()
     hosts = FakeHosts([m for m, _ in cluster.machines()])
     monitor = Monitor(hosts, cluster, None, PlainReporter(stream=io.StringIO()))

@@ -6,13 +6,13 @@ import types
 import pytest
 from rich.console import Console
 
-import tfcluster.live
-from tfcluster.cli import build_parser
-from tfcluster.inventory import Machine
-from tfcluster.live import LiveReporter
-from tfcluster.console import make_reporter
-from tfcluster.report import PlainReporter, is_noise
-from tfcluster.spec import Task
+import tfcluster.view.live
+from tfcluster.cli.main import build_parser
+from tfcluster.hosts.inventory import Machine
+from tfcluster.view.live import LiveReporter
+from tfcluster.view.console import make_reporter
+from tfcluster.view.report import PlainReporter, is_noise
+from tfcluster.spec.cluster import Task
 
 NOISE = [
     "2026-11-22 06:00:01.1: I tensorflow/core/util/port.cc:153] oneDNN custom operations are on. "
@@ -102,7 +102,7 @@ def test_live_reporter_renders_a_row_per_task_and_the_cluster(monkeypatch):
         reporter.task_started(task, pid)
     start = time.time() - 10
     # The clock stops at the last point, so the ETA below does not depend on the machine's speed.
-    monkeypatch.setattr(tfcluster.live, "time", types.SimpleNamespace(time=lambda: start + 10))
+    monkeypatch.setattr(tfcluster.view.live, "time", types.SimpleNamespace(time=lambda: start + 10))
     for i, step in enumerate((0, 50, 100)):
         reporter.task_metric(chief, {"step": step, "loss": 2.0 - step / 100, "target_step": 400,
                                      "examples_per_s": 800.0, "time": start + 5 * i})

@@ -5,8 +5,8 @@ import pytest
 
 from conftest import REPO, tfcluster
 from tfcluster.errors import UsageError
-from tfcluster.inventory import Machine, Slot
-from tfcluster.spec import build_cluster, format_cluster_spec, parse_cluster_spec, render
+from tfcluster.hosts.inventory import Machine, Slot
+from tfcluster.spec.cluster import build_cluster, format_cluster_spec, parse_cluster_spec, render
 from trainers.common import bootstrap
 
 

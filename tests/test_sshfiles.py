@@ -5,9 +5,11 @@ import json
 import os
 import subprocess
 
-from tfcluster import cli, deploy, sshfiles
-from tfcluster.hosts import channel_lines
-from tfcluster.inventory import read_slots
+from tfcluster.cli import main as cli
+from tfcluster.deploy import playbook as deploy
+from tfcluster.hosts import sshfiles
+from tfcluster.hosts.links import channel_lines
+from tfcluster.hosts.inventory import read_slots
 
 INVENTORY = """all:
   vars:

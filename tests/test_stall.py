@@ -17,13 +17,13 @@ from test_cli import run_cli
 from test_causes import CREATE_SESSION
 from test_launcher_unit import FakeLink, cluster_of, run
 from test_report import make_task, render
-from tfcluster import diagnose
-from tfcluster.live import LiveReporter
-from tfcluster.stall import RunStalled, StallFollower
+from tfcluster.diagnosis import stacks as diagnose
+from tfcluster.view.live import LiveReporter
+from tfcluster.diagnosis.stall import RunStalled, StallFollower
 from tfcluster_agent import protocol as P
 from tfcluster_agent import stall
 from tfcluster_agent import supervisor as S
-from tfcluster.record import TaskStatus
+from tfcluster.runs.record import TaskStatus
 
 STACKS_DIR = os.path.join(REPO, "tfcluster_agent", "stacks")
 
@@ -368,7 +368,7 @@ def test_stacks_of_an_ended_run_is_refused(tmp_path, capsys, monkeypatch):
 
 def test_the_inventory_sets_stall_after(tmp_path):
     from tfcluster.errors import UsageError
-    from tfcluster.inventory import read_slots
+    from tfcluster.hosts.inventory import read_slots
     path = tmp_path / "hosts.yml"
     path.write_text("worker:\n  hosts:\n    w1: {ansible_host: 10.0.0.1, "
                     "tfcluster_stall_after: 0}\n    w2: {ansible_host: 10.0.0.2}\n")

@@ -12,7 +12,10 @@ import pytest
 
 from conftest import REPO, run_record, tfcluster
 from test_cli import run_cli as run
-from tfcluster import catalog, datafetch, record, sync
+from tfcluster.spec import catalog
+from tfcluster.data import fetch as datafetch
+from tfcluster.runs import record
+from tfcluster.deploy import sync
 from tfcluster_agent import taskspec
 from tfcluster_agent.hostcode import code_hash, packages
 

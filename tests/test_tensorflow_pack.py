@@ -17,7 +17,9 @@ import pytest
 
 from ansible_run import run_on_local_hosts, task_status_runs, task_statuses
 from conftest import REPO
-from tfcluster import packcache, wheelhouse, wheelpack
+from tfcluster.deploy import packcache
+from tfcluster.deploy import wheelhouse
+from tfcluster.deploy import wheelpack
 
 UNPACK = os.path.join(REPO, "roles", "tensorflow", "files", "venv_pack.py")
 PREFIX = "/build/.venv-pack-x/venv"

@@ -58,7 +58,7 @@ def test_bad_construction_and_pickling():
 
 
 def test_a_launch_imports_no_dataclasses():
-    code = ("import sys\nimport tfcluster.cli, tfcluster.launcher, tfcluster.console\n"
+    code = ("import sys\nimport tfcluster.cli.main, tfcluster.launch.launcher, tfcluster.view.console\n"
             "import tfcluster_agent.agent, tfcluster_agent.taskspec\n"
             "print(sorted(m for m in ('dataclasses', 'inspect') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""`tfcluster wheelhouse`'s download record (tfcluster/wheelrecord.py): a rerun with the same
+"""`tfcluster wheelhouse`'s download record (tfcluster/deploy/wheelrecord.py): a rerun with the same
 inputs and every recorded wheel in place runs no pip; anything else runs it. A fake pip (a small
 Python program given with --pip) counts its calls and writes wheels; no network, no real pip."""
 import argparse
@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from tfcluster import wheelhouse, wheelrecord
+from tfcluster.deploy import wheelhouse
+from tfcluster.deploy import wheelrecord
 
 FAKE_PIP = r'''
 import os, sys

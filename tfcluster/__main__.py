@@ -1,3 +1,3 @@
-from tfcluster.cli import run
+from tfcluster.cli.main import run
 
 run()

@@ -1,5 +1,5 @@
 """`python -B ROOT/tfcluster_agent serve`: the agent by hand. (The controller starts it the same
-way without runpy, whose imports cost every start 4 ms: tfcluster/hosts.py.)"""
+way without runpy, whose imports cost every start 4 ms: tfcluster/hosts/links.py.)"""
 import os
 import sys
 

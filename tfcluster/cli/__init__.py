@@ -1,0 +1,1 @@
+"""The command line: the parser, its value types, and the commands (launch, init, status, logs, stop, runs...)."""

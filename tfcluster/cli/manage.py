@@ -1,0 +1,207 @@
+"""Runs after launch: status, logs, stop, history. They work from run.json and the agents, so they
+also work after the launcher was killed or when it ran with --detach; when a host's agent is gone
+its run folder's records still tell."""
+import os
+
+from tfcluster.gpus import claims as gpuqueue
+from tfcluster.runs import metrics
+from tfcluster.runs import store as runs
+from tfcluster.errors import RunFailed
+from tfcluster.hosts.links import Hosts
+from tfcluster.hosts.inventory import Machine
+from tfcluster.runs.metrics import MetricsStore
+from tfcluster.launch.monitor import Monitor, policy_met, tracked
+from tfcluster.view.plot import write_run_svg
+from tfcluster.view.report import PlainReporter
+from tfcluster.spec.cluster import Cluster, Task
+from tfcluster.launch.taskenv import host_run_dir
+from tfcluster.launch.teardown import finish, stop_tasks
+from tfcluster_agent import protocol as P
+
+WAKE_SECONDS = 0.25
+
+
+def cluster_from_record(record):
+    """The run's cluster; each task on its machine by Machine.key (the SSH port included)."""
+    machines = {}
+    for entry in record.machines:
+        machine = Machine(**{k: v for k, v in entry.settings.items()
+                             if k in Machine.field_names})
+        machines[machine.key] = machine
+    return Cluster(Task(entry.job, entry.index, entry.slot, machines[entry.machine], entry.port,
+                        entry.cuda_visible_devices) for entry in record.tasks.values())
+
+
+def pick(runs_dir, run_id, active_only=False):
+    return runs.load(runs_dir, run_id) if run_id else runs.latest(runs_dir, active_only)
+
+
+def attach(hosts, cluster, run_id, from_start):
+    """Open every machine's agent on the run folder; {label: its Attached entry} of the tasks it
+    knows (hand them to Monitor.attached)."""
+    def call(link):
+        return link.request(P.Attach(run_dir=host_run_dir(link.machine, run_id),
+                                     from_start=from_start), timeout=30).tasks
+
+    machines = [m for m, _ in cluster.machines()]
+    outcomes = hosts.each(call, machines,
+                          timeout=max([m.connect_timeout for m in machines] or [0]) + 40)
+    states, unreachable = {}, []
+    for machine, tasks in cluster.machines():
+        if machine.key in outcomes.failed:
+            unreachable.append((machine, outcomes.failed[machine.key]))
+            continue
+        answer = outcomes.succeeded[machine.key]
+        for task in tasks:
+            if task.name in answer:
+                states[task.label] = answer[task.name]
+    return states, unreachable
+
+
+def warn_unreachable(reporter, unreachable):
+    for machine, err in unreachable:
+        reporter.note("WARNING %s: %s" % (machine.label, err.reason))
+
+
+def status(runs_dir, run_id=None, reporter=None):
+    reporter = reporter or PlainReporter()
+    record = pick(runs_dir, run_id)
+    cluster = cluster_from_record(record)
+    states = {}
+    latest = latest_metrics(record.dir)
+    if record.active:
+        # The hosts' logs from the start: their metric lines give each task's last step, also
+        # for a detached run, whose controller keeps no metrics.
+        store = MetricsStore()
+        with Hosts([m for m, _ in cluster.machines()]) as hosts:
+            monitor = Monitor(hosts, cluster, None, PlainReporter(echo=False), metrics=store)
+            answers, unreachable = attach(hosts, cluster, record.id, from_start=True)
+            monitor.attached(answers)
+            states = dict(monitor.states)  # as the agents answered, before their replayed events
+            monitor.pump(0)
+        warn_unreachable(reporter, unreachable)
+        latest = dict(latest, **store.latest())
+    reporter.out("run %s (%s) %s, created %s" % (record.id, record.example, record.state,
+                                                 record.created))
+    reporter.out("%-12s %-18s %-8s %-12s %-5s %10s %10s %12s" % (
+        "TASK", "HOST", "PID", "STATE", "EXIT", "STEP", "LOSS", "EXAMPLES/S"))
+    for task in cluster.tasks:
+        entry = record.tasks[task.label]
+        live = states.get(task.label)
+        state = live.state if live else entry.state
+        code = live.exit if live else entry.exit
+        point = latest.get(task.label, {})
+        reporter.out("%-12s %-18s %-8s %-12s %-5s %10s %10s %12s" % (
+            task.label, task.machine.label, "-" if entry.pid is None else entry.pid, state,
+            "-" if code is None else code, point.get("step", "-"), _short(point.get("loss")),
+            _short(point.get("examples_per_s"))))
+    if record.active and states:
+        if policy_met(cluster, states, record.success_policy):
+            reporter.note("training finished; stop the parameter servers with `tfcluster stop %s`"
+                          % record.id)
+        elif not any(states[t.label].alive for t in tracked(cluster) if t.label in states):
+            reporter.note("no worker is running any more; `tfcluster stop %s` collects the logs"
+                          % record.id)
+    return 0
+
+
+def latest_metrics(record_dir):
+    try:
+        return metrics.load(record_dir).latest()
+    except (OSError, ValueError):
+        return {}
+
+
+def _short(value):
+    if value is None:
+        return "-"
+    return "%.4g" % value if isinstance(value, float) else str(value)
+
+
+def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
+    record = pick(runs_dir, run_id)
+    cluster = cluster_from_record(record)
+    chosen = [cluster.find(task_label)] if task_label else cluster.tasks
+    # Every line as the task wrote it: a log is read to see everything.
+    reporter = reporter or PlainReporter(prefix=len(chosen) > 1, verbose=True)
+    if not record.active:
+        for task in chosen:
+            path = os.path.join(record.dir, task.name + ".log")
+            if not os.path.exists(path):
+                reporter.note("no log for %s in %s" % (task.label, record.dir))
+                continue
+            with open(path, errors="replace") as handle:
+                for line in handle.read().splitlines():
+                    reporter.task_line(task, line)
+        return 0
+    shown = Cluster(chosen)
+    machines = [m for m, _ in shown.machines()]
+    try:
+        with Hosts(machines) as hosts:
+            # Following a run writes nothing: the records are the launcher's (or stop's).
+            monitor = Monitor(hosts, shown, None, reporter)
+            answers, unreachable = attach(hosts, shown, record.id, from_start=True)
+            warn_unreachable(reporter, unreachable)
+            monitor.attached(answers)
+            monitor.pump(0)
+            while follow and any(monitor.alive(t) for t in chosen) \
+                    and len(monitor.closed_links) < len(machines):
+                monitor.pump(WAKE_SECONDS)
+            monitor.close()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
+    """Stop every task of a run (idempotent), collect its logs and close its record."""
+    with runs.private_files():
+        return _stop(runs_dir, run_id, grace, reporter)
+
+
+def _stop(runs_dir, run_id, grace, reporter):
+    reporter = reporter or PlainReporter()
+    record = pick(runs_dir, run_id, active_only=run_id is None)
+    if gpuqueue.stop_waiting(record, reporter):  # still waiting for GPUs: nothing started
+        return 0
+    cluster = cluster_from_record(record)
+    was_active = record.active
+    with Hosts([m for m, _ in cluster.machines()]) as hosts:
+        if was_active:
+            for name in [t.name + ".log" for t in cluster.tasks] + [metrics.FILE]:
+                path = os.path.join(record.dir, name)  # the agents send it all again
+                if os.path.exists(path):
+                    os.truncate(path, 0)
+            store = MetricsStore(record.dir)
+            monitor = Monitor(hosts, cluster, record.dir, PlainReporter(echo=False),
+                              metrics=store)
+            answers, unreachable = attach(hosts, cluster, record.id, from_start=True)
+            monitor.attached(answers)
+            finish(hosts, cluster, record, monitor, None, grace, reporter, stopped_by_user=True,
+                   lost={m.key for m, _ in unreachable})
+            store.close()
+            write_run_svg(record.dir, store, reporter)
+        else:
+            _, unreachable = attach(hosts, cluster, record.id, from_start=False)
+            leftovers = stop_tasks(hosts, cluster, grace, skip={m.key for m, _ in unreachable})
+            if leftovers:
+                raise RunFailed("run %s: %s" % (record.id, "; ".join(leftovers)))
+    if record.leftovers:
+        raise RunFailed("run %s: tasks could not be stopped: %s"
+                        % (record.id, "; ".join(record.leftovers)))
+    reporter.note("run %s: %s; no task left running, ports free" % (
+        record.id, record.state if was_active else "already ended (%s)" % record.state))
+    return 0
+
+
+def history(runs_dir, reporter=None):
+    reporter = reporter or PlainReporter()
+    records = runs.all_runs(runs_dir)
+    if not records:
+        reporter.note("no runs yet in %s" % runs_dir)
+        return 0
+    reporter.out("%-40s %-22s %-12s %-26s %s" % ("RUN", "EXAMPLE", "STATE", "CREATED", "TASKS"))
+    for record in records:
+        reporter.out("%-40s %-22s %-12s %-26s %d" % (
+            record.id, record.example, record.state, record.created, len(record.tasks)))
+    return 0

@@ -1,0 +1,1 @@
+"""Data sets: their records and `tfcluster data fetch` from the package registries."""

@@ -1,0 +1,1 @@
+"""Putting code on hosts: the deploy playbooks' runner, `tfcluster sync`, and the offline wheelhouse with its packed venv."""

@@ -1,0 +1,225 @@
+"""Stalled runs on the controller: the agents' Stalled events on the console, the stacks of
+every task of the run (`tfcluster stacks RUN`, and at once when a task stalls), the cause in one
+line (tfcluster/diagnosis/stacks.py), and --on-stall stop.
+
+The agents watch (tfcluster_agent/stall.py); the controller only asks them to, per machine, for
+the training tasks: a ps idles by design and is never stalled by itself.
+"""
+import argparse
+import os
+import time
+
+from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut, UsageError
+
+DEFAULT_STALL_AFTER = 120.0
+TRAINING_JOBS = ("chief", "worker")
+WAITING = "CreateSession"  # in StallFollower.stalled: stalled by its repeated wait lines
+
+
+class RunStalled(RunFailed):
+    """--on-stall stop: a task stalled; the message is the cause."""
+
+    @property
+    def stall_cause(self):
+        return str(self)
+
+
+def stall_cause(outcome):
+    """The cause of the stall the run was in when it ended (the final report leads with it)."""
+    return getattr(outcome, "stall_cause", None)
+
+
+def stall_seconds(text):
+    """--stall-after: seconds, 0 to turn the watch off."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected seconds, not %r" % text) from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError("must be 0 (off) or more seconds, not %r" % text)
+    return value
+
+
+def add_cli(sub):
+    """The launch flags and the `stacks` command, on the CLI's subparsers SUB."""
+    launch = sub.choices["launch"]
+    launch.add_argument("--stall-after", type=stall_seconds, metavar="S",
+                        help="a training task that prints nothing and uses almost no CPU for S "
+                             "seconds is stalled: say so, take every task's stacks, name the "
+                             "cause (default: tfcluster_stall_after, else %g; 0: off)"
+                             % DEFAULT_STALL_AFTER)
+    launch.add_argument("--on-stall", choices=["report", "stop"], default="report",
+                        help="after a stall is reported: go on (report, the default) or stop "
+                             "the run and fail (stop)")
+    p = sub.add_parser("stacks", help="every Python thread's stack of every task of a run")
+    p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
+
+
+def cmd_stacks(args):
+    from tfcluster.cli import manage
+    from tfcluster.hosts.links import Hosts
+    from tfcluster.view.report import PlainReporter
+    reporter = PlainReporter()
+    record = manage.pick(args.runs_dir, args.run, active_only=args.run is None)
+    if not record.active:
+        raise UsageError("run %s has ended (%s): its tasks have no stacks any more; "
+                         "`tfcluster runs` lists the runs" % (record.id, record.state))
+    cluster = manage.cluster_from_record(record)
+    with Hosts([m for m, _ in cluster.machines()]) as hosts:
+        stacks, problems = take_stacks(hosts, cluster, record.id, record.dir)
+    print_stacks(reporter, cluster, record.dir, stacks, problems)
+    if not stacks:
+        raise RunFailed("no stacks from any host of run %s" % record.id)
+    return 0
+
+
+def take_stacks(hosts, cluster, run_id, record_dir):
+    """({label: text}, [problems]): every task's stacks, saved in RECORD_DIR/stacks/NAME.txt."""
+    from tfcluster.launch.taskenv import host_run_dir
+    from tfcluster.launch.teardown import write_private
+    from tfcluster_agent.stall import DUMP_SECONDS, TakeStacks
+
+    def take(link):
+        mine = [t.name for t in cluster.tasks if t.machine.key == link.machine.key]
+        return link.request(TakeStacks(run_dir=host_run_dir(link.machine, run_id), names=mine),
+                            timeout=DUMP_SECONDS + 20, what="to send the stacks").report
+
+    machines = [m for m, _ in cluster.machines()]
+    outcomes = hosts.each(take, machines, timeout=DUMP_SECONDS + 60)
+    stacks = {}
+    os.makedirs(os.path.join(record_dir, "stacks"), exist_ok=True)
+    for machine, tasks in cluster.machines():
+        answer = outcomes.succeeded.get(machine.key, {})
+        for task in tasks:
+            text = answer.get("stacks", {}).get(task.name)
+            if text is not None:
+                stacks[task.label] = text
+                write_private(os.path.join(record_dir, "stacks", task.name + ".txt"), text)
+    return stacks, outcomes.reasons(machines)
+
+
+def print_stacks(reporter, cluster, record_dir, stacks, problems):
+    from tfcluster.diagnosis.stacks import innermost, main_thread
+    for problem in problems:
+        reporter.note("WARNING no stacks from " + problem)
+    if not stacks:
+        return
+    reporter.note("stacks in %s (each task's main thread, innermost frame first):"
+                  % os.path.join(record_dir, "stacks"))
+    width = max(len(t.label) for t in cluster.tasks)
+    for task in cluster.tasks:
+        if task.label in stacks:
+            reporter.out("  %-*s  %s" % (width, task.label, innermost(main_thread(
+                stacks[task.label]))))
+
+
+class StallFollower:
+    """A launch's stalls: the agents' events on the console, the stacks and the cause once the
+    stalls of one moment have all come in, and the run's end with --on-stall stop."""
+
+    def __init__(self, hosts, cluster, record, monitor, reporter, stall_after, on_stall):
+        self.hosts, self.cluster, self.record = hosts, cluster, record
+        self.monitor, self.reporter, self.on_stall = monitor, reporter, on_stall
+        self.stall_after = {t.label: stall_after if stall_after is not None
+                            else t.machine.stall_after for t in cluster.tasks}
+        self.stalled = {}         # label -> its Stalled event
+        self.diagnosed = set()    # the stalled labels the last cause covered
+        self.due = None           # when to take the stacks: stalls seen together settle first
+        self.cause = None         # the last cause named, while the tasks are still stalled
+        monitor.on_stall = self.event
+
+    def watch(self):
+        """Ask every machine's agent to watch its training tasks; a machine whose
+        stall_after is 0 is not watched."""
+        from tfcluster_agent.stall import WatchStalls
+        for machine, tasks in self.cluster.machines():
+            mine = [t for t in tasks if t.job in TRAINING_JOBS and self.stall_after[t.label]]
+            if mine:
+                self.hosts.link(machine).send(WatchStalls(
+                    names=[t.name for t in mine], stall_after=self.stall_after[mine[0].label]))
+
+    def settle_seconds(self):
+        """Another agent may see its own tasks stall up to one look later."""
+        from tfcluster_agent.stall import poll_interval
+        return max(poll_interval(s) for s in self.stall_after.values() if s) + 1.0
+
+    def event(self, task, msg):
+        if msg.kind == "stalled":
+            self.stalled[task.label] = msg
+            self.reporter.note("%s stalled for %d s (no output, %.1f s CPU)"
+                               % (task.label, msg.seconds, msg.cpu))
+            self.reporter.task_stalled(task, True)
+            if self.due is None:
+                self.due = time.monotonic() + self.settle_seconds()
+        elif self.stalled.pop(task.label, None) is not None:
+            self.reporter.note("%s is no longer stalled: %s after %d s without output" % (
+                task.label, "it printed" if msg.why == "output" else "it uses CPU again",
+                msg.seconds))
+            self.reporter.task_stalled(task, False)
+            self.diagnosed.discard(task.label)
+            if not self.stalled:
+                self.cause = None
+
+    def _waits(self):
+        """A TF1 task that prints nothing but `CreateSession still waiting` for stall_after is
+        stalled too: those lines keep its log growing, so its agent never calls it quiet."""
+        now = time.monotonic()
+        waiting = self.monitor.causes.waiting
+        for label, (since, peer) in waiting.items():
+            task = self.cluster.find(label)
+            if task.job in TRAINING_JOBS and self.stall_after[label] and \
+                    label not in self.stalled and now - since >= self.stall_after[label]:
+                self.stalled[label] = WAITING
+                self.reporter.note("%s stalled for %d s (it only repeats TensorFlow's "
+                                   "CreateSession wait for %s)" % (label, now - since, peer))
+                self.reporter.task_stalled(task, True)
+                if self.due is None:
+                    self.due = now + self.settle_seconds()
+        for label in [l for l, why in self.stalled.items() if why is WAITING and l not in waiting]:
+            self.stalled.pop(label)
+            self.reporter.note("%s is no longer stalled: it printed" % label)
+            self.reporter.task_stalled(self.cluster.find(label), False)
+            self.diagnosed.discard(label)
+            if not self.stalled:
+                self.cause = None
+
+    def check(self):
+        """Take the stacks and name the cause once the stalls settled; a RunStalled with
+        --on-stall stop, else None."""
+        self._waits()
+        if self.due is None or time.monotonic() < self.due:
+            return None
+        self.due = None
+        stalled = {label for label in self.stalled
+                   if self.monitor.alive(self.cluster.find(label))}
+        if stalled <= self.diagnosed:
+            return None
+        self.diagnosed = stalled
+        stacks, problems = take_stacks(self.hosts, self.cluster, self.record.id, self.record.dir)
+        print_stacks(self.reporter, self.cluster, self.record.dir, stacks, problems)
+        from tfcluster.diagnosis.stacks import stall_cause
+        waits = self._wait_causes(stalled)
+        cause = waits or stall_cause(self.cluster, self.monitor.states, self.monitor.ended_at,
+                                     stacks, stalled) or "%s stalled" % ", ".join(sorted(stalled))
+        self.reporter.note(cause)
+        self.cause = cause
+        if self.on_stall == "stop":
+            return RunStalled(cause)
+        return None
+
+    def _wait_causes(self, stalled):
+        """The CreateSession findings (tfcluster/diagnosis/causes.py) of the STALLED tasks that only wait
+        for a peer, when every stalled task is one of them."""
+        causes = self.monitor.causes
+        if not stalled or any(self.stalled.get(label) is not WAITING for label in stalled):
+            return None
+        return "; ".join(causes.named_for.get(label) or "%s waits in CreateSession for %s" % (
+            label, causes.waiting[label][1]) for label in sorted(stalled))
+
+    def explain(self, outcome):
+        """OUTCOME, told the cause when the run is stopped (--timeout, Ctrl-C) while stalled."""
+        still = [label for label in self.stalled if self.monitor.alive(self.cluster.find(label))]
+        if self.cause is not None and still and isinstance(outcome, (RunTimedOut,
+                                                                     RunInterrupted)):
+            outcome.stall_cause = self.cause
+        return outcome

@@ -1,0 +1,360 @@
+"""Launch a cluster: preflight → start every task at once → follow → decide → stop → record.
+
+One shutdown event: the first task failure, a lost machine, SIGINT, SIGTERM and --timeout all lead
+to the same teardown, and no process of the run stays on any host.
+"""
+import os
+import signal
+import threading
+import time
+
+from tfcluster.gpus import claims as gpuqueue
+from tfcluster.launch import proxy
+from tfcluster.runs import store as runs
+from tfcluster.launch import sharing
+from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
+                              TfclusterError, UsageError)
+from tfcluster.hosts.links import Hosts
+from tfcluster.runs.metrics import MetricsStore, efficiency_message
+from tfcluster.launch.monitor import Monitor, failed_run, first_failure, policy_met, tracked
+from tfcluster.launch.plan import launch_counts, make_cluster
+from tfcluster.view.plot import write_run_svg
+from tfcluster.launch.preflight import controller_code_hash, preflight, print_preflight
+from tfcluster.runs.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
+from tfcluster.view.report import PlainReporter
+from tfcluster.diagnosis.stall import StallFollower
+from tfcluster.launch.taskenv import data_needs, host_run_dir, task_specs, thread_plan
+from tfcluster.launch.teardown import finish, stop_tasks, write_task_records
+from tfcluster_agent import protocol as P
+from tfcluster_agent.values import field, replace, value_class
+
+DEFAULT_FINISH_GRACE = 30.0
+WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once
+
+
+@value_class(frozen=True)
+class LaunchOptions:
+    example: object
+    runs_dir: str = "runs"
+    run_id: str | None = None
+    detach: bool = False
+    timeout: float | None = None
+    user_args: tuple = ()
+    smoke: bool = False
+    counts: dict = field(default_factory=dict)
+    intra_op_threads: int | None = None
+    inter_op_threads: int | None = None
+    start_timeout: float = 60.0
+    finish_grace: float | None = None
+    stop_grace: float = 10.0
+    resume: str | None = None
+    lease: float = 60.0
+    lost_contact: float = 30.0
+    restarts: int = 0
+    baseline: bool = False
+    cwd: str | None = None
+    env: dict = field(default_factory=dict)
+    wait: bool = False             # wait for claimed or busy GPUs and ports (gpuqueue)
+    share_busy_gpus: bool = False  # hand out GPUs other processes use, knowingly
+    stall_after: float | None = None  # None: each machine's tfcluster_stall_after; 0: off
+    on_stall: str = "report"       # or "stop" (tfcluster/diagnosis/stall.py)
+    straggler_after: float = 30.0  # seconds under half the peers' median rate: a straggler
+
+
+class Launch:
+    def __init__(self, cluster, options, inventory, reporter=None, hosts=None):
+        self.cluster = cluster
+        self.options = options
+        self.inventory = inventory
+        self.reporter = reporter or PlainReporter()
+        self.run_id = options.run_id or runs.new_run_id(options.example.name)
+        self.record = runs.create(options.runs_dir, runs.check_run_id(self.run_id))
+        self.hosts = hosts or Hosts([m for m, _ in cluster.machines()])
+        self.monitor = None
+        self.stop_event = threading.Event()
+        self.stop_reason = None
+        self.started = False
+
+    # -- signals: one shutdown event
+    def _on_signal(self, signum, frame):
+        if not self.started:
+            raise KeyboardInterrupt
+        if self.stop_reason is None:
+            self.stop_reason = signal.Signals(signum).name
+            self.reporter.note("%s received: stopping every task (wait for the teardown)"
+                               % self.stop_reason)
+        self.stop_event.set()
+        if self.monitor is not None:
+            self.monitor.wake()
+
+    def run(self):
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with runs.private_files():
+                return self._run()
+        except KeyboardInterrupt:
+            raise RunInterrupted("interrupted before any task started; nothing to stop") from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.hosts.close()
+
+    def _run(self):
+        options = self.options
+        self.reporter.new_run()
+        self.reporter.note("run %s: %s on %d task(s), %d host(s)" % (
+            self.run_id, options.example.name, len(self.cluster.tasks),
+            len(self.cluster.machines())))
+        # Every training task on a GPU machine gets free, healthy GPUs of its own, claimed for
+        # this run (with --wait, once they are free); the others see none.
+        reports, self.cluster = gpuqueue.secure(
+            self, lambda: preflight(self.hosts, self.cluster,
+                                    expect_code=options.example.name != "custom",
+                                    data_needs=data_needs(self.cluster, options)),
+            lambda found: print_preflight(self.reporter, self.cluster, found))
+        self.cluster = sharing.place_run_folders(self.cluster, reports)
+        for line in sharing.unfenced_warnings(self.cluster, reports):
+            self.reporter.note("warning: " + line)
+        specs = self.specs = task_specs(self.cluster, options, self.run_id,
+                                        thread_plan(self.cluster, reports, options))
+        gpuqueue.hand_claims(specs, self.cluster, reports)
+        proxies = proxy.exempt_cluster(specs, self.cluster, reports, options.env)
+        if proxies:
+            self.reporter.note(proxies)
+        try:
+            self._write_record(reports, specs)
+        except OSError as err:
+            import shutil  # here: bz2, lzma and fnmatch, 2 ms of every launch's start
+            shutil.rmtree(self.record.dir, ignore_errors=True)
+            raise UsageError("cannot write the run's records in %s: %s: free some space or pass "
+                             "another --runs-dir; nothing was started" % (
+                                 self.record.dir, err.strerror or err)) from None
+        self.metrics = MetricsStore(self.record.dir)
+        self.monitor = Monitor(self.hosts, self.cluster, self.record.dir, self.reporter,
+                               metrics=self.metrics)
+        self.monitor.causes.configure(reports, options.straggler_after)
+        outcome = crash = None
+        lost = set()
+        try:
+            self.started = True
+            self._start(specs)
+            if options.detach:
+                self._wait_for_pids()
+                self.reporter.note("run %s is running in the background: `tfcluster status %s`, "
+                                   "`tfcluster logs %s --follow`, `tfcluster stop %s`"
+                                   % ((self.run_id,) * 4))
+                self.hosts.close(detach=True)
+                self.monitor.close()
+                return 0
+            self.hosts.start_pinging()
+            self.stalls = StallFollower(self.hosts, self.cluster, self.record, self.monitor,
+                                        self.reporter, options.stall_after, options.on_stall)
+            self.stalls.watch()
+            outcome, lost = self._follow()
+            outcome = self.stalls.explain(outcome)
+        except TfclusterError as err:
+            outcome = err
+        except BaseException as err:
+            # A bug of ours still tears the run down; its traceback surfaces afterwards.
+            outcome = RunFailed("tfcluster failed while the run was active: %r" % err)
+            crash = err
+        finally:
+            if outcome is not None or not options.detach:
+                outcome = finish(self.hosts, self.cluster, self.record, self.monitor, outcome,
+                                 options.stop_grace, self.reporter, lost={m.key for m in lost})
+            self.metrics.close()
+            write_run_svg(self.record.dir, self.metrics, self.reporter)
+        if crash is not None:
+            raise crash
+        if outcome is not None:
+            raise outcome
+        return 0
+
+    def _write_record(self, reports, specs):
+        record, options = self.record, self.options
+        record.become(RunState.STARTING)
+        record.example, record.created = options.example.name, runs.now()
+        record.inventory = os.path.abspath(self.inventory)
+        record.success_policy, record.smoke = options.example.success, options.smoke
+        record.user_args, record.detach = list(options.user_args), options.detach
+        record.cluster, record.cluster_spec = self.cluster.jobs(), self.cluster.cluster_spec_string()
+        record.code_hash = controller_code_hash()
+        record.machines = [MachineRecord(m.to_dict(), {k: getattr(reports[m.key], k)
+                                                        for k in RECORDED_FACTS})
+                           for m, _ in self.cluster.machines()]
+        record.tasks = {t.label: TaskRecord(
+            job=t.job, index=t.index, slot=t.slot, machine=t.machine.key, port=t.port,
+            address=t.address if t.port else None, cuda_visible_devices=t.cuda_visible_devices,
+            name=t.name, command=specs[t.label].command,
+            host_run_dir=host_run_dir(t.machine, self.run_id),
+            env_names=sorted(specs[t.label].env),
+            intra_op_threads=int(specs[t.label].env["TF_NUM_INTRAOP_THREADS"]))
+            for t in self.cluster.tasks}
+        runs.save(record)
+        write_task_records(record.dir, self.cluster,
+                           {label: spec.public_json() for label, spec in specs.items()})
+
+    def _start(self, specs):
+        """Every task of every machine at once: TensorFlow clients wait for their servers."""
+        lease = 0 if self.options.detach else self.options.lease
+        machines = [m for m, _ in self.cluster.machines()]
+        run_dirs = {m.key: host_run_dir(m, self.run_id) for m in machines}
+        launch = sharing.launch_token(self.cluster)
+
+        def start(link):
+            mine = [specs[t.label].to_json() for t in self.cluster.tasks
+                    if t.machine.key == link.machine.key]
+            return link.request(P.Start(run_dir=run_dirs[link.machine.key], tasks=mine,
+                                        lease=lease, launch=launch), timeout=60,
+                                what="to start its tasks")
+
+        failed = self.hosts.each(start, machines, timeout=70).reasons(machines)
+        if failed:
+            raise RunFailed("could not start the tasks on " + failed[0])
+
+    def _wait_for_pids(self, seconds=15):
+        deadline = time.monotonic() + seconds
+        while len(self.monitor.started_at) < len(self.cluster.tasks) and \
+                time.monotonic() < deadline:
+            self.monitor.pump(WAKE_SECONDS)
+        self.monitor.record_started(self.record)
+
+    def _restart(self, task, why):
+        """Restart TASK (or the whole job) if --restarts allows; False when it does not."""
+        if self.record.tasks[task.label].restarts >= self.options.restarts:
+            return False
+        whole = task.job in ("chief", "ps") or self.options.example.restart == "job"
+        count = self.monitor.record_restart(self.record, task, why, whole)
+        self.reporter.note("%s; restarting %s (restart %d of %d)" % (
+            why, "every task from the last checkpoint" if whole else task.label,
+            count, self.options.restarts))
+        tasks = self.cluster.tasks if whole else [task]
+        if whole:
+            leftovers = stop_tasks(self.hosts, self.cluster, self.options.stop_grace)
+            if leftovers:
+                raise RunFailed("cannot restart the job: " + "; ".join(leftovers))
+            self.monitor.pump(0)
+        for machine, mine in self.cluster.machines():
+            # Programs may tell a restart from a first start (e.g. to skip a start barrier).
+            specs = [self.specs[t.label].replace(env=dict(self.specs[t.label].env,
+                                                          TFCLUSTER_RESTARTS=str(count))).to_json()
+                     for t in mine if t in tasks]
+            if specs:
+                self.hosts.link(machine).request(
+                    P.Start(run_dir=host_run_dir(machine, self.run_id), tasks=specs,
+                            lease=self.options.lease, restart=True),
+                    timeout=60, what="to restart %s" % ", ".join(s["name"] for s in specs))
+        self.ps_deadline = time.monotonic() + self.options.start_timeout
+        for restarted in tasks:
+            self.monitor.restarting(restarted)
+            self.reporter.task_restarted(restarted, count)
+        runs.save(self.record)
+        return True
+
+    def _finish_grace(self):
+        """How long other workers may go on once the policy is met. When a real chief
+        succeeded, the workers only served it (ParameterServerStrategy): stop them at once."""
+        if self.options.finish_grace is not None:
+            return self.options.finish_grace
+        if self.options.example.success == "chief" and self.cluster.job_tasks("chief"):
+            return 0.0
+        return DEFAULT_FINISH_GRACE
+
+    def _follow(self):
+        """Wait on the agents' events until the run is decided; returns (outcome, lost machines)."""
+        options, monitor, cluster = self.options, self.monitor, self.cluster
+        now = time.monotonic()
+        deadline = now + options.timeout if options.timeout else None
+        self.ps_deadline = now + options.start_timeout
+        ps_tasks = cluster.job_tasks("ps")
+        policy_met_at = None
+        pids_recorded = False
+        while True:
+            monitor.pump(WAKE_SECONDS)
+            if not pids_recorded and len(monitor.started_at) == len(cluster.tasks):
+                pids_recorded = True
+                self.monitor.record_started(self.record)
+            if monitor.write_error is not None:
+                return RunFailed("cannot write the logs in %s: %s" % (
+                    self.record.dir, monitor.write_error)), []
+            stalled = self.stalls.check()
+            if stalled is not None:
+                return stalled, []
+            monitor.causes.tick()
+            failed = first_failure(cluster, monitor.states, monitor.causes.ends.order)
+            if failed and self._restart(failed[0], failed[1]):
+                continue
+            if failed:
+                return failed_run(monitor, failed[0]), []
+            lost = monitor.lost_machines(options.lost_contact)
+            if lost:
+                return RunFailed("lost contact with %s for %gs: its agent stopped answering" % (
+                    ", ".join(m.label for m in lost), options.lost_contact)), lost
+            waiting = [t for t in ps_tasks if t.label not in monitor.listening]
+            if waiting and time.monotonic() > self.ps_deadline:
+                return RunFailed("%s not listening after %gs (raise --start-timeout)" % (
+                    ", ".join(t.label for t in waiting), options.start_timeout),
+                    task=waiting[0]), []
+            if policy_met_at is None and policy_met(cluster, monitor.states,
+                                                    options.example.success):
+                policy_met_at = time.monotonic()
+                self.reporter.note("success policy %s met" % options.example.success)
+            if policy_met_at is not None:
+                running = [t for t in tracked(cluster) if monitor.alive(t)]
+                if not running:
+                    return None, []
+                if time.monotonic() - policy_met_at > self._finish_grace():
+                    self.reporter.note("stopping %s: still running %gs after the run succeeded"
+                                       % (", ".join(t.label for t in running),
+                                          self._finish_grace()))
+                    return None, []
+            if deadline and time.monotonic() > deadline:
+                return RunTimedOut("the run exceeded --timeout %gs" % options.timeout), []
+            if self.stop_event.is_set():
+                return RunInterrupted("interrupted by %s" % self.stop_reason), []
+
+
+def launch(inventory_path, options, load_slots, reporter=None, planned=None):
+    """Build the cluster for OPTIONS.example from the inventory and run it. PLANNED: (cluster,
+    Hosts whose local agents are starting) made for it already, before this module's imports."""
+    if planned is not None:
+        cluster, hosts = planned
+        return Launch(cluster, options, inventory_path, reporter, hosts=hosts).run()
+    slots = load_slots(inventory_path)
+    example = options.example
+    counts = launch_counts(example, options.counts)
+    if not options.baseline:
+        return Launch(make_cluster(inventory_path, slots, counts, example), options,
+                      inventory_path, reporter).run()
+    # --baseline: the same example with a single training task first, then the cluster.
+    reporter = reporter or PlainReporter()
+    run_id = options.run_id or runs.new_run_id(example.name)
+    single = dict(counts, worker=1 if counts.get("worker", 1) else 0, evaluator=0)
+    if single["worker"]:
+        single["chief"] = 0 if example.success != "chief" else counts.get("chief", 0)
+    reporter.note("--baseline: first %s as a single training task" % example.name)
+    Launch(make_cluster(inventory_path, slots, single, example),
+           replace(options, run_id=run_id + "-baseline", baseline=False),
+           inventory_path, reporter).run()
+    base = runs.load(options.runs_dir, run_id + "-baseline")
+    code = Launch(make_cluster(inventory_path, slots, counts, example),
+                  replace(options, run_id=run_id, baseline=False), inventory_path, reporter).run()
+    main = runs.load(options.runs_dir, run_id)
+    for line in efficiency_lines(base, main):
+        reporter.out(line)
+    return code
+
+
+def efficiency_lines(base, main):
+    """The cluster's examples/s against the single task's, per core used."""
+    def training(record):
+        return [(label, entry) for label, entry in record.tasks.items()
+                if entry.job in ("chief", "worker")]
+
+    def throughput(record):
+        return sum((record.results.get(label) or {}).get("examples_per_s") or 0
+                   for label, _ in training(record))
+
+    cores = sum(e.intra_op_threads for _, e in training(main)) / max(
+        1, sum(e.intra_op_threads for _, e in training(base)))
+    return efficiency_message(throughput(main), throughput(base), cores)

@@ -1,0 +1,124 @@
+"""Lab hosts as they are (README "Labs"): machines that share folders (a home on NFS), and
+machines no firewall fences.
+
+- A workdir several machines of a run share (their preflights report the same token,
+  tfcluster_agent/shares.py) gets one run folder for the run and in it one folder per machine,
+  `<workdir>/<run-id>/<host>/`, so no machine finds "its" folder made by another.
+- A machine without the firewall role's fence is named once per launch: TensorFlow's servers
+  listen on every address and run any graph they are sent.
+"""
+import os
+
+from tfcluster.spec.cluster import Cluster
+from tfcluster_agent.shares import safe_name
+from tfcluster_agent.values import replace
+
+
+def shared_groups(machines, tokens):
+    """[[machine, ...]] of MACHINES whose TOKENS ({machine key: folder token or None}) are the
+    same, two or more to a group, in the order given."""
+    groups = {}
+    for machine in machines:
+        token = tokens.get(machine.key)
+        if token:
+            groups.setdefault(token, []).append(machine)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def subfolder_names(group, reports):
+    """{machine key: its folder's name} inside a run folder GROUP's machines share: the host
+    name each one's agent reported, else (unknown, or two alike) its address."""
+    names = {m.key: safe_name(reports[m.key].hostname or "") for m in group}
+    if len(set(names.values())) < len(group) or not all(n.strip("._") for n in names.values()):
+        names = {m.key: safe_name(m.label) for m in group}
+    return names
+
+
+def place_run_folders(cluster, reports):
+    """CLUSTER with a run folder of its own (Machine.run_subdir) for every machine whose
+    workdir another machine of the run shares; CLUSTER itself when none does."""
+    machines = [m for m, _ in cluster.machines()]
+    tokens = {m.key: reports[m.key].workdir_id for m in machines if m.key in reports}
+    renamed = {}
+    for group in shared_groups(machines, tokens):
+        for key, name in subfolder_names(group, reports).items():
+            renamed[key] = name
+    if not renamed:
+        return cluster
+    return Cluster(replace(t, machine=replace(t.machine, run_subdir=renamed[t.machine.key]))
+                   if t.machine.key in renamed else t for t in cluster.tasks)
+
+
+def launch_token(cluster):
+    """The token a launch writes into a run folder machines share ("" when none does): the
+    first machine of the launch makes the folder, the others find it made by this launch."""
+    if not any(m.run_subdir for m, _ in cluster.machines()):
+        return ""
+    return "%d-%s" % (os.getpid(), os.urandom(8).hex())
+
+
+def port_span(ports):
+    """"2222-2224, 4000": runs of three or more consecutive ports as ranges."""
+    runs = []
+    for port in sorted(set(ports)):
+        if runs and port == runs[-1][-1] + 1:
+            runs[-1].append(port)
+        else:
+            runs.append([port])
+    return ", ".join("%d-%d" % (r[0], r[-1]) if len(r) > 2 else ", ".join(map(str, r))
+                     for r in runs)
+
+
+def unfenced_warnings(cluster, reports):
+    """One line per SSH machine whose preflight found no firewall fence."""
+    lines = []
+    for machine, tasks in cluster.machines():
+        report = reports.get(machine.key)
+        ports = [t.port for t in tasks if t.port]
+        if machine.is_local or not ports or report is None or report.fenced is not False:
+            continue
+        lines.append("%s: no firewall fences TensorFlow's port(s) %s here: anyone on its "
+                     "network can connect, and TensorFlow runs any graph it is sent; an "
+                     "administrator fences them with `tfcluster deploy --system` (README: Labs)"
+                     % (machine.label, port_span(ports)))
+    return lines
+
+
+def one_writer_per_root(targets):
+    """(the sync targets that write, a line for each other, {target: the SyncError that made it
+    unreachable}): of targets whose tfcluster_root is one folder (the marker deploy.yml made
+    there), only the first writes, so a shared home gets the code once, from one writer. A
+    target whose marker cannot be read (an older deploy's root) writes."""
+    import json
+    import threading
+    from tfcluster_agent import shares
+    with open(shares.__file__) as handle:
+        source = handle.read()
+    tokens, failed = {}, {}
+
+    def ask(target):
+        try:
+            code, out, _ = target.run(["ensure", "--read-only", target.machine.root],
+                                      script=source)
+            tokens[target] = json.loads(out)[target.machine.root] if code == 0 else None
+        except Exception as err:  # unreachable, or no Python: its sync would fail the same way
+            failed[target] = err
+            target.close()
+
+    threads = [threading.Thread(target=ask, args=(t,), daemon=True) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    first, writers, lines = {}, [], []
+    for target in targets:
+        token = tokens.get(target)
+        if token in first:
+            lines.append("%-22s shares tfcluster_root %s with %s, which writes it" % (
+                target.label, target.machine.root, first[token].label))
+            target.close()
+            continue
+        if token:
+            first[token] = target
+        writers.append(target)
+    return writers, lines, failed

@@ -1,0 +1,170 @@
+"""The end of a run: stop every task on every machine in parallel, collect what was not streamed
+(TensorBoard events), write the run's records and print the summary."""
+import json
+import os
+import signal
+import threading
+
+from tfcluster.runs import store as runs
+from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
+from tfcluster.diagnosis.hints import print_hints
+from tfcluster.launch.monitor import TAIL_LINES, earliest_failure, policy_met
+from tfcluster.runs.record import RunState, TaskState
+from tfcluster.diagnosis.stall import stall_cause
+from tfcluster.view.summary import print_summary
+from tfcluster_agent import protocol as P
+
+COLLECTED_FOLDERS = ("tensorboard",)
+
+
+def stop_tasks(hosts, cluster, grace, skip=()):
+    """Stop every task of the run on every reachable machine; returns the leftovers, if any."""
+    def stop(link):
+        mine = [t for t in cluster.tasks if t.machine.key == link.machine.key]
+        return link.request(P.Stop(names=[t.name for t in mine],
+                                   ports=[t.port for t in mine if t.port], grace=grace),
+                            timeout=grace + 20, what="to stop its tasks")
+
+    machines = [m for m, _ in cluster.machines() if m.key not in skip]
+    outcomes = hosts.each(stop, machines, timeout=grace + 25)
+    leftovers = ["%s: unreachable, its tasks stop themselves when their lease runs out"
+                 % m.label for m, _ in cluster.machines() if m.key in skip]
+    for machine in machines:
+        if machine.key in outcomes.failed:
+            leftovers.append("%s: could not stop tasks: %s" % (
+                machine.label, outcomes.failed[machine.key].reason))
+            continue
+        answer = outcomes.succeeded[machine.key]
+        if answer.remaining:
+            leftovers.append("%s: still running: %s" % (machine.label, ", ".join(answer.remaining)))
+        if answer.busy_ports:
+            leftovers.append("%s: ports still busy: %s"
+                             % (machine.label, ", ".join(map(str, answer.busy_ports))))
+    return leftovers
+
+
+def collect_files(hosts, cluster, record_dir, skip=()):
+    """Copy the host run folders' TensorBoard events into the controller's run folder."""
+    def collect(link):
+        files = []
+        link.request(P.Collect(folders=list(COLLECTED_FOLDERS)), timeout=120,
+                     what="to send its files", collect=files)
+        if files:
+            import base64  # here: a run without event files decodes none
+        for item in files:
+            local = safe_join(record_dir, item.path)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "wb") as handle:
+                handle.write(base64.b64decode(item.data))
+        return len(files)
+
+    machines = [m for m, _ in cluster.machines() if m.key not in skip]
+    return hosts.each(collect, machines, timeout=150).reasons(machines)
+
+
+def safe_join(folder, relative):
+    """FOLDER/RELATIVE, refusing names that would leave FOLDER."""
+    path = os.path.normpath(os.path.join(folder, relative))
+    if os.path.isabs(relative) or not path.startswith(os.path.normpath(folder) + os.sep):
+        raise ValueError("the agent sent a file outside the run folder: %r" % relative)
+    return path
+
+
+def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by_user=False,
+           lost=()):
+    """Stop everything, collect, record the end, print the summary; returns OUTCOME, or the
+    failure that came before it (earliest_failure)."""
+    monitor.causes.teardown_began()  # tasks that end from here on may be ours to stop
+    with signals_deferred(reporter):
+        leftovers = stop_tasks(hosts, cluster, grace, skip=lost)
+        monitor.pump(0)
+        problems = collect_files(hosts, cluster, record.dir, skip=lost)
+        hosts.close()
+        monitor.pump(0)
+        monitor.close()
+    outcome = earliest_failure(monitor, outcome)
+    for line in leftovers + problems:
+        reporter.note("WARNING " + line)
+    try:
+        record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, problems)
+    except OSError as err:
+        reporter.note("WARNING cannot write the run's records in %s: %s" % (
+            record.dir, err.strerror or err))
+    if stall_cause(outcome):
+        reporter.note("the run stalled: %s" % stall_cause(outcome))
+    print_summary(reporter, cluster, record, *monitor.causes.report())
+    if isinstance(outcome, RunFailed) and outcome.task is not None:
+        reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
+        for line in monitor.tails[outcome.task.label]:
+            reporter.out("    " + line)
+    if outcome is not None:
+        print_hints(reporter, record.dir, [task.log for task in record.tasks.values()
+                                           if task.state is TaskState.FAILED and task.log])
+    reporter.note("logs and run.json in %s" % record.dir)
+    return outcome
+
+
+def record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, problems):
+    """The run's end in run.json and every task's .status; an empty log for a silent task."""
+    met = policy_met(cluster, monitor.states, record.success_policy)
+    monitor.record_end(record)
+    for task in cluster.tasks:
+        log_path = os.path.join(record.dir, task.name + ".log")
+        if not os.path.exists(log_path):
+            write_private(log_path, "")  # it printed nothing: its log is there all the same
+        code = record.tasks[task.label].exit
+        if code is not None:
+            write_private(os.path.join(record.dir, task.name + ".status"), "%d\n" % code)
+    record.become((RunState.SUCCEEDED if met else RunState.STOPPED) if stopped_by_user
+                  else end_state(outcome))
+    record.ended, record.leftovers, record.collection_problems = runs.now(), leftovers, problems
+    record.exit_code = ((0 if met else None) if stopped_by_user else
+                        (0 if outcome is None else outcome.exit_code))
+    if outcome is not None:
+        record.failure = str(outcome)
+    runs.save(record)
+
+
+def write_private(path, text):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:  # no file object: two files a task, 128 tasks
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def write_task_records(record_dir, cluster, public_specs):
+    for task in cluster.tasks:
+        write_private(os.path.join(record_dir, task.name + ".task.json"),
+                      json.dumps(public_specs[task.label], indent=1))
+
+
+def end_state(outcome):
+    if outcome is None:
+        return RunState.SUCCEEDED
+    if isinstance(outcome, RunTimedOut):
+        return RunState.TIMED_OUT
+    if isinstance(outcome, RunInterrupted):
+        return RunState.INTERRUPTED
+    return RunState.FAILED
+
+
+class signals_deferred:
+    """Teardown is not interrupted by a second Ctrl-C; it is bounded by the stop grace anyway."""
+
+    def __init__(self, reporter):
+        self.reporter = reporter
+        self.previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, self._remind)
+                             for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _remind(self, signum, frame):
+        self.reporter.note("already stopping every task; please wait")
+
+    def __exit__(self, *exc):
+        for sig, handler in (self.previous or {}).items():
+            signal.signal(sig, handler)

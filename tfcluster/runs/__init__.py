@@ -1,0 +1,1 @@
+"""Run records on the controller: run.json, run folders and the metrics store."""

@@ -1,0 +1,133 @@
+"""The examples catalog (tfcluster/spec/catalog.yml) and per-task command rendering."""
+import functools
+import json
+import os
+import shlex
+from tfcluster.errors import UsageError
+from tfcluster_agent.values import value_class
+
+POLICIES = ("chief", "worker0", "all_workers")
+# Read by the controller alone, so it is no host code: editing it makes no host stale.
+CATALOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "catalog.yml")
+
+
+def trainers_dir():
+    import trainers
+    return os.path.dirname(os.path.abspath(trainers.__file__))
+
+
+def code_root():
+    """The folder holding the host packages (tfcluster_agent, trainers): this checkout, or
+    site-packages for an installed tfcluster."""
+    return os.path.dirname(trainers_dir())
+
+
+@value_class(frozen=True)
+class Example:
+    name: str
+    description: str
+    command: str
+    topology: dict
+    success: str = "all_workers"
+    args: str = ""
+    smoke: str = ""
+    seed: str = ""
+    real: str = ""
+    # False: one task per worker slot with all its GPUs, for programs that use several devices.
+    task_per_gpu: bool = True
+    # What --restarts restarts when a worker fails: the task alone, or every task ("job": the
+    # programs whose workers cannot rejoin, like MultiWorkerMirroredStrategy's all-reduce).
+    restart: str = "task"
+    # The data set its `args` read from disk; preflight checks its files on every machine.
+    dataset: str = ""
+
+
+def load_catalog(path=None):
+    import yaml  # here: a --cmd launch reads no catalog
+    path = path or CATALOG
+    with open(path) as handle:
+        entries = yaml.safe_load(handle) or {}
+    catalog = {}
+    for name, entry in entries.items():
+        example = Example(name=name, **entry)
+        if example.success not in POLICIES:
+            raise ValueError("catalog %s: %s has success %r, expected one of %s"
+                             % (path, name, example.success, ", ".join(POLICIES)))
+        catalog[name] = example
+    return catalog
+
+
+def get_example(name, catalog=None):
+    catalog = catalog if catalog is not None else load_catalog()
+    if name not in catalog:
+        raise UsageError("unknown example %r: choose one of %s (or pass --cmd 'your command')"
+                         % (name, ", ".join(sorted(catalog))))
+    return catalog[name]
+
+
+def custom_example(command, success):
+    """A user's own program: every task of the inventory runs COMMAND."""
+    return Example(name="custom", description="user command", command=command, topology={},
+                   success=success)
+
+
+@functools.lru_cache(maxsize=None)
+def _jinja():
+    import jinja2
+    return jinja2, jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
+
+
+def render(template, variables, what):
+    if "{" not in template:  # no template syntax: nothing to render, no jinja2 to import
+        return template.strip()
+    jinja2, environment = _jinja()
+    try:
+        return environment.from_string(template).render(**variables).strip()
+    except jinja2.TemplateError as err:
+        reason = (str(err) or type(err).__name__).splitlines()[0]
+        raise UsageError("cannot render %s: %s (check the {{ variables }} it uses)"
+                         % (what, reason)) from None
+
+
+def task_variables(cluster, task, run_dir, checkpoint_dir, user_args):
+    """What a command template may use. Every text value is quoted for /bin/sh: a template
+    writes {{ data_dir }}/mnist, never "{{ data_dir }}"."""
+    machine = task.machine
+    jobs = cluster.jobs()
+    flags = cluster.flags(task)
+    quote = shlex.quote
+    return {
+        "python": quote(machine.python), "job": task.job, "index": task.index,
+        "task": task, "label": quote(task.label), "flags": shlex.join(flags),
+        "ps_hosts": quote(",".join(jobs.get("ps", []))),
+        "worker_hosts": quote(",".join(jobs.get("worker", []))),
+        "chief_hosts": quote(",".join(jobs.get("chief", []))),
+        "num_workers": len(jobs.get("worker", [])), "num_ps": len(jobs.get("ps", [])),
+        "cluster_spec": quote(cluster.cluster_spec_string()),
+        "tf_config": quote(json.dumps(cluster.tf_config(task))),
+        # What the task sees: its CUDA_VISIBLE_DEVICES after gpus.assign().
+        "num_gpus": len([d for d in (task.cuda_visible_devices or "").split(",") if d.strip()]),
+        "root": quote(machine.root), "data_dir": quote(machine.data_dir),
+        "run_dir": quote(run_dir), "checkpoint_dir": quote(checkpoint_dir),
+        "user_args": shlex.join(user_args),
+    }
+
+
+def task_command(example, cluster, task, run_dir, checkpoint_dir, user_args=(), smoke=False):
+    variables = task_variables(cluster, task, run_dir, checkpoint_dir, list(user_args))
+    args_template = example.smoke if smoke else example.args
+    variables["args"] = render(args_template or "", variables, "the arguments of " + example.name)
+    command = render(example.command, variables,
+                     "--cmd" if example.name == "custom" else "the command of " + example.name)
+    if example.name != "custom" and user_args:
+        command += " " + shlex.join(user_args)
+    return command
+
+
+def check_templates(example, cluster):
+    """Render every task's command (with and without --smoke) with placeholder folders, so a
+    template error is a UsageError before preflight rather than after it."""
+    for task in cluster.tasks:
+        run_dir = task.machine.workdir.rstrip("/") + "/RUN-ID"
+        for smoke in (False, True):
+            task_command(example, cluster, task, run_dir, run_dir + "/checkpoints", smoke=smoke)
