@@ -17,7 +17,7 @@ from tfcluster.errors import UsageError
 from tfcluster.hosts.inventory import Machine, default_root, load_slots
 from tfcluster.runs.record import PreflightReport
 from tfcluster.spec.cluster import Cluster, Task
-from tfcluster.launch.taskenv import host_run_dir
+from tfcluster.runs.store import host_run_dir
 from tfcluster_agent import shares
 
 READY = os.path.join(REPO, "playbooks", "files", "system_ready.py")

@@ -16,6 +16,8 @@ BACKLOG = 1024  # connections the kernel completes for us without an accept
 REFUSED = "refused"
 TIMED_OUT = "timed out"
 REACHED = "reached"
+# Seconds a connection may take: a firewall that drops packets shows as a timeout.
+REACH_SECONDS = 5.0
 # What errno a failed connect leaves, in the words the controller prints.
 _ERRNO_WORDS = {errno.ECONNREFUSED: REFUSED, errno.ETIMEDOUT: TIMED_OUT,
                 errno.EHOSTUNREACH: "no route to host", errno.ENETUNREACH: "network unreachable"}

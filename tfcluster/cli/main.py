@@ -9,9 +9,9 @@ import os
 import sys
 
 from tfcluster import __version__
-from tfcluster.diagnosis import stall
-from tfcluster.diagnosis import stragglers
-from tfcluster.cli.parse import Commands, Parser, count, named_command, run_id, seconds, threads
+from tfcluster.cli.parse import (Commands, Parser, count, named_command, run_id, seconds,
+                                 stall_seconds, threads)
+from tfcluster.diagnosis.stall import DEFAULT_STALL_AFTER
 from tfcluster.errors import TfclusterError, UsageError
 
 DEFAULT_INVENTORY = "inventory/local.yml"
@@ -122,8 +122,20 @@ def build_parser(only=None):
     p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
     p.add_argument("--grace", type=seconds, default=10.0)
     sub.add_parser("runs", help="list past and current runs")
-    stall.add_cli(sub)  # launch --stall-after, --on-stall; stacks
-    stragglers.add_cli(sub)  # launch --straggler-after
+    launch = sub.choices["launch"]
+    launch.add_argument("--stall-after", type=stall_seconds, metavar="S",
+                        help="a training task that prints nothing and uses almost no CPU for S "
+                             "seconds is stalled: say so, take every task's stacks, name the "
+                             "cause (default: tfcluster_stall_after, else %g; 0: off)"
+                             % DEFAULT_STALL_AFTER)
+    launch.add_argument("--on-stall", choices=["report", "stop"], default="report",
+                        help="after a stall is reported: go on (report, the default) or stop "
+                             "the run and fail (stop)")
+    launch.add_argument("--straggler-after", type=seconds, default=30.0, metavar="S",
+                        help="mark a worker whose step rate stays under half its peers' median "
+                             "for S seconds (default 30)")
+    p = sub.add_parser("stacks", help="every Python thread's stack of every task of a run")
+    p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
 
     p = sub.add_parser("plot", help="draw loss and examples/s of runs into one SVG")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, overlaid")
@@ -387,9 +399,14 @@ def cmd_tensorboard(args):
                       args.port, args.host)
 
 
+
+def cmd_stacks(args):
+    from tfcluster.cli import manage
+    return manage.stacks(args.runs_dir, args.run)
+
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
             "sync": cmd_sync, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
             "deploy": cmd_module, "init": cmd_module, "wheelhouse": cmd_module,
-            "stacks": stall.cmd_stacks}
+            "stacks": cmd_stacks}

@@ -6,7 +6,9 @@ import os
 from tfcluster.gpus import claims as gpuqueue
 from tfcluster.runs import metrics
 from tfcluster.runs import store as runs
-from tfcluster.errors import RunFailed
+from tfcluster.runs.store import host_run_dir
+from tfcluster.diagnosis.stall import print_stacks, take_stacks
+from tfcluster.errors import RunFailed, UsageError
 from tfcluster.hosts.links import Hosts
 from tfcluster.hosts.inventory import Machine
 from tfcluster.runs.metrics import MetricsStore
@@ -14,7 +16,6 @@ from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.view.plot import write_run_svg
 from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import Cluster, Task
-from tfcluster.launch.taskenv import host_run_dir
 from tfcluster.launch.teardown import finish, stop_tasks
 from tfcluster_agent import protocol as P
 
@@ -204,4 +205,20 @@ def history(runs_dir, reporter=None):
     for record in records:
         reporter.out("%-40s %-22s %-12s %-26s %d" % (
             record.id, record.example, record.state, record.created, len(record.tasks)))
+    return 0
+
+
+def stacks(runs_dir, run_id=None, reporter=None):
+    """`tfcluster stacks`: every task's stacks of a running run, saved in its folder."""
+    reporter = reporter or PlainReporter()
+    record = pick(runs_dir, run_id, active_only=run_id is None)
+    if not record.active:
+        raise UsageError("run %s has ended (%s): its tasks have no stacks any more; "
+                         "`tfcluster runs` lists the runs" % (record.id, record.state))
+    cluster = cluster_from_record(record)
+    with Hosts([m for m, _ in cluster.machines()]) as hosts:
+        found, problems = take_stacks(hosts, cluster, record.id, record.dir)
+    print_stacks(reporter, cluster, record.dir, found, problems)
+    if not found:
+        raise RunFailed("no stacks from any host of run %s" % record.id)
     return 0

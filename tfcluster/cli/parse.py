@@ -138,3 +138,14 @@ def named_command(argv, commands):
         else:
             return token if token in commands else None
     return None
+
+
+def stall_seconds(text):
+    """--stall-after: seconds, 0 to turn the watch off."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected seconds, not %r" % text) from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError("must be 0 (off) or more seconds, not %r" % text)
+    return value

@@ -13,10 +13,9 @@ import time
 
 from tfcluster.diagnosis import rootcause
 from tfcluster.hosts.links import HostError
-from tfcluster.launch.reach import REACH_SECONDS
 from tfcluster.diagnosis.stragglers import StragglerWatch
 from tfcluster_agent import protocol as P
-from tfcluster_agent.reach import REACHED
+from tfcluster_agent.reach import REACH_SECONDS, REACHED
 
 CREATE_SESSION = re.compile(r"CreateSession still waiting for response from worker: "
                             r"/job:(\w+)/replica:\d+/task:(\d+)")

@@ -5,11 +5,11 @@ line (tfcluster/diagnosis/stacks.py), and --on-stall stop.
 The agents watch (tfcluster_agent/stall.py); the controller only asks them to, per machine, for
 the training tasks: a ps idles by design and is never stalled by itself.
 """
-import argparse
 import os
 import time
 
-from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut, UsageError
+from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
+from tfcluster.runs.store import host_run_dir, write_private
 
 DEFAULT_STALL_AFTER = 120.0
 TRAINING_JOBS = ("chief", "worker")
@@ -29,54 +29,8 @@ def stall_cause(outcome):
     return getattr(outcome, "stall_cause", None)
 
 
-def stall_seconds(text):
-    """--stall-after: seconds, 0 to turn the watch off."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected seconds, not %r" % text) from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError("must be 0 (off) or more seconds, not %r" % text)
-    return value
-
-
-def add_cli(sub):
-    """The launch flags and the `stacks` command, on the CLI's subparsers SUB."""
-    launch = sub.choices["launch"]
-    launch.add_argument("--stall-after", type=stall_seconds, metavar="S",
-                        help="a training task that prints nothing and uses almost no CPU for S "
-                             "seconds is stalled: say so, take every task's stacks, name the "
-                             "cause (default: tfcluster_stall_after, else %g; 0: off)"
-                             % DEFAULT_STALL_AFTER)
-    launch.add_argument("--on-stall", choices=["report", "stop"], default="report",
-                        help="after a stall is reported: go on (report, the default) or stop "
-                             "the run and fail (stop)")
-    p = sub.add_parser("stacks", help="every Python thread's stack of every task of a run")
-    p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
-
-
-def cmd_stacks(args):
-    from tfcluster.cli import manage
-    from tfcluster.hosts.links import Hosts
-    from tfcluster.view.report import PlainReporter
-    reporter = PlainReporter()
-    record = manage.pick(args.runs_dir, args.run, active_only=args.run is None)
-    if not record.active:
-        raise UsageError("run %s has ended (%s): its tasks have no stacks any more; "
-                         "`tfcluster runs` lists the runs" % (record.id, record.state))
-    cluster = manage.cluster_from_record(record)
-    with Hosts([m for m, _ in cluster.machines()]) as hosts:
-        stacks, problems = take_stacks(hosts, cluster, record.id, record.dir)
-    print_stacks(reporter, cluster, record.dir, stacks, problems)
-    if not stacks:
-        raise RunFailed("no stacks from any host of run %s" % record.id)
-    return 0
-
-
 def take_stacks(hosts, cluster, run_id, record_dir):
     """({label: text}, [problems]): every task's stacks, saved in RECORD_DIR/stacks/NAME.txt."""
-    from tfcluster.launch.taskenv import host_run_dir
-    from tfcluster.launch.teardown import write_private
     from tfcluster_agent.stall import DUMP_SECONDS, TakeStacks
 
     def take(link):

@@ -114,14 +114,5 @@ class StragglerWatch:
         return lines
 
 
-def add_cli(sub):
-    """launch --straggler-after, on the CLI's subparsers SUB."""
-    from tfcluster.cli.main import seconds
-    sub.choices["launch"].add_argument(
-        "--straggler-after", type=seconds, default=30.0, metavar="S",
-        help="mark a worker whose step rate stays under half its peers' median for S seconds "
-             "(default 30)")
-
-
 def _number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)

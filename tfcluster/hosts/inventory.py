@@ -12,6 +12,7 @@ import re
 import sys
 
 from tfcluster.hosts import sshfiles
+from tfcluster.hosts.ansibleapi import ansible_api
 from tfcluster.errors import UsageError
 from tfcluster_agent import clusterspec
 from tfcluster_agent.hostcode import sha256
@@ -102,18 +103,6 @@ class Slot:
     # tfcluster_code_dir: a controller folder `tfcluster sync` pushes to <tfcluster_root>/code.
     code_dir: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
-
-
-def _ansible_imports():
-    # ansible is imported lazily: `tfcluster --help` should not pay for it.
-    from ansible import constants
-    from ansible.errors import AnsibleError
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
-    from ansible.vars.manager import VariableManager
-    constants.INVENTORY_UNPARSED_IS_FAILED = True
-    return AnsibleError, InventoryManager, DataLoader, Templar, VariableManager
 
 
 def _parse_failure_reason(warnings):
@@ -229,7 +218,7 @@ def read_slots(path):
                          "inventory file or directory" % path)
     if os.path.isfile(path) and not os.access(path, os.R_OK):
         raise UsageError("inventory %s is not readable: check its permissions" % path)
-    AnsibleError, InventoryManager, DataLoader, Templar, VariableManager = _ansible_imports()
+    AnsibleError, InventoryManager, DataLoader, Templar, VariableManager = ansible_api()
     loader = DataLoader()
     warnings = io.StringIO()
     try:

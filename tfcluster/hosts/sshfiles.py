@@ -11,6 +11,8 @@ import json
 import os
 import re
 
+from tfcluster.hosts.ansibleapi import ansible_api
+
 KNOWN_HOSTS_OPTION = re.compile(r"(UserKnownHostsFile=)(\S+)")
 
 
@@ -50,8 +52,7 @@ def changed_connection_vars(inventory):
     """{host: {variable: absolute value}} for the hosts of INVENTORY whose SSH key or
     known_hosts option names a relative path. {} when the inventory cannot be read here:
     ansible-playbook then says why."""
-    from tfcluster.hosts.inventory import _ansible_imports
-    AnsibleError, InventoryManager, DataLoader, Templar, VariableManager = _ansible_imports()
+    AnsibleError, InventoryManager, DataLoader, Templar, VariableManager = ansible_api()
     folder = inventory_folder(inventory)
     loader = DataLoader()
     try:

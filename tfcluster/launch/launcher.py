@@ -23,7 +23,8 @@ from tfcluster.launch.preflight import controller_code_hash, preflight, print_pr
 from tfcluster.runs.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
 from tfcluster.view.report import PlainReporter
 from tfcluster.diagnosis.stall import StallFollower
-from tfcluster.launch.taskenv import data_needs, host_run_dir, task_specs, thread_plan
+from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
+from tfcluster.runs.store import host_run_dir
 from tfcluster.launch.teardown import finish, stop_tasks, write_task_records
 from tfcluster_agent import protocol as P
 from tfcluster_agent.values import field, replace, value_class

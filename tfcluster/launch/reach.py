@@ -8,10 +8,8 @@ instead of a run whose workers wait forever in CreateSession.
 """
 from tfcluster.errors import Problem
 from tfcluster_agent import protocol as P
-from tfcluster_agent.reach import REACHED
+from tfcluster_agent.reach import REACH_SECONDS, REACHED
 
-# Seconds a connection may take: a firewall that drops packets shows as a timeout.
-REACH_SECONDS = 5.0
 # The tasks that dial others: TF1 workers and chiefs dial the ps tasks and each other, a TF2
 # chief (or MultiWorkerMirroredStrategy's workers) every worker and ps. A ps only serves, and
 # an evaluator reads checkpoints.

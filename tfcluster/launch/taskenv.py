@@ -2,17 +2,11 @@
 import json
 import os
 
+from tfcluster.runs.store import host_run_dir
 from tfcluster.gpus import placement as gpus
 from tfcluster.spec.catalog import task_command
 from tfcluster_agent import datafiles
 from tfcluster_agent.taskspec import TaskSpec
-
-
-def host_run_dir(machine, run_id):
-    """The machine's folder of the run: <workdir>/<run-id>, or <workdir>/<run-id>/<host> when
-    other machines of the run share its workdir (sharing.place_run_folders)."""
-    folder = machine.workdir.rstrip("/") + "/" + run_id
-    return folder + "/" + machine.run_subdir if machine.run_subdir else folder
 
 
 def thread_plan(cluster, reports, options):

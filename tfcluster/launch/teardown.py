@@ -6,6 +6,7 @@ import signal
 import threading
 
 from tfcluster.runs import store as runs
+from tfcluster.runs.store import write_private
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.diagnosis.hints import print_hints
 from tfcluster.launch.monitor import TAIL_LINES, earliest_failure, policy_met
@@ -123,14 +124,6 @@ def record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, pr
     if outcome is not None:
         record.failure = str(outcome)
     runs.save(record)
-
-
-def write_private(path, text):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:  # no file object: two files a task, 128 tasks
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
 
 
 def write_task_records(record_dir, cluster, public_specs):

@@ -8,6 +8,7 @@ import time
 
 from tfcluster.errors import UsageError
 from tfcluster.runs.record import RecordError, RunRecord
+
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -127,3 +128,18 @@ def latest(runs_dir, active_only=False):
         raise UsageError("no %s in %s: name one, or start one with `tfcluster launch`"
                          % (what, runs_dir))
     return candidates[-1]
+
+
+def host_run_dir(machine, run_id):
+    """The machine's folder of the run: <workdir>/<run-id>, or <workdir>/<run-id>/<host> when
+    other machines of the run share its workdir (sharing.place_run_folders)."""
+    folder = machine.workdir.rstrip("/") + "/" + run_id
+    return folder + "/" + machine.run_subdir if machine.run_subdir else folder
+
+
+def write_private(path, text):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:  # no file object: two files a task, 128 tasks
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
