@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from conftest import REPO, free_port_block, pid_alive, port_free, wait_for
+from support import REPO
+from support.ports import free_port_block, port_free
+from support.procs import pid_alive, wait_for
 from tfcluster_agent import gpuclaims, hostcode, hostinfo
 from tfcluster_agent import protocol as P
 from tfcluster_agent import supervisor
@@ -249,9 +251,10 @@ def test_stop_spares_a_process_whose_pid_was_reused(agent, tmp_path):
         foreign.wait()
 
 
-def preflight_ports(link, port):
+def preflight_ports(link, port, tmp_path):
     """A preflight of PORT that imports nothing (no interpreter there): its report."""
-    link.send(P.Preflight(python="/nonexistent/python", ports=[port], code_dir="/none"))
+    absent = tmp_path / "absent"  # inside a fresh temporary folder: no such path can exist
+    link.send(P.Preflight(python=str(absent / "python"), ports=[port], code_dir=str(absent)))
     return link.next(P.Report).report
 
 
@@ -270,7 +273,7 @@ def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_p
 
     first = AgentProcess()  # a launch in its preflight holds the port until its agent ends
     try:
-        report = preflight_ports(first, port)
+        report = preflight_ports(first, port, tmp_path)
         assert report["ports"] == {str(port): True} and report["port_holders"] == {}
         assert "port(s) %d claimed by a launch in its preflight, agent pid %d (user %s): " \
             "nothing started" % (port, first.proc.pid, gpuclaims.user_name()) \
@@ -281,7 +284,7 @@ def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_p
     assert agent.next(P.Started).name == "ps-0"
     second = AgentProcess()  # the task's supervisor holds it while the task runs
     try:
-        report = preflight_ports(second, port)
+        report = preflight_ports(second, port, tmp_path)
         assert report["ports"] == {str(port): False}
         # The claims are system-wide, so each label names its user (README: Labs).
         user = gpuclaims.user_name()
@@ -289,7 +292,7 @@ def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_p
         assert "claimed by run run (user %s)" % user in refused(second, tmp_path / "second")
         agent.send(P.Stop(names=["ps-0"], ports=[], grace=1))
         assert agent.next(P.Stopped).tasks == {"ps-0": "stopped"}
-        assert preflight_ports(second, port)["port_holders"] == {}
+        assert preflight_ports(second, port, tmp_path)["port_holders"] == {}
     finally:
         second.close()
 
@@ -304,7 +307,7 @@ def test_a_failed_start_keeps_no_claim_and_no_claims_folder_claims_nothing(agent
     assert isinstance(reply, P.Error) and "exists already" in reply.message, reply
     other = AgentProcess()
     try:
-        report = preflight_ports(other, port)
+        report = preflight_ports(other, port, tmp_path)
         assert report["ports"] == {str(port): True} and report["port_holders"] == {}
     finally:
         other.close()
@@ -333,7 +336,8 @@ def test_listening_event_and_preflight(agent, tmp_path):
     assert port_free(port)
     agent.send(P.Stop(names=["ps-0"], ports=[], grace=1))  # its claim ends with it
     assert agent.next(P.Stopped).tasks == {"ps-0": "stopped"}
-    agent.send(P.Preflight(python="/nonexistent/python", ports=[port], code_dir="/nonexistent"))
+    absent = tmp_path / "absent"  # inside a fresh temporary folder: no such path can exist
+    agent.send(P.Preflight(python=str(absent / "python"), ports=[port], code_dir=str(absent)))
     report = agent.next(P.Report).report
     assert report["ports"] == {str(port): True} and report["code_hash"] is None
     assert not report["python_ok"] and "no interpreter" in report["error"]

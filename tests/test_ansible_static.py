@@ -12,7 +12,8 @@ import sys
 import pytest
 import yaml
 
-from conftest import free_port_block, pid_alive, wait_for
+from support.ports import free_port_block
+from support.procs import pid_alive, wait_for
 
 pytestmark = pytest.mark.slow  # ansible-playbook and ansible-lint runs: seconds to minutes each
 
@@ -99,13 +100,25 @@ def test_role_defaults_are_prefixed_commented_and_declared(role):
 
 
 def test_every_tasks_file_is_reached_and_has_an_entry_point_spec():
-    """tasks_from entry points other than main have their own argument spec."""
+    """Every tasks file of a role is reached: its main, included by another of its files (a name
+    with a `{{ }}` part matches its files), or a tasks_from entry point, which has its own
+    argument spec."""
+    text = "\n".join(open(p).read() for p in glob.glob(os.path.join(REPO, "playbooks", "*.yml"))
+                     + glob.glob(os.path.join(REPO, "roles", "*", "tasks", "*.yml")))
     for role in ROLES:
         specs = load("roles/%s/meta/argument_specs.yml" % role)["argument_specs"]
-        text = "\n".join(open(p).read() for p in glob.glob(os.path.join(REPO, "playbooks", "*.yml"))
-                         + glob.glob(os.path.join(REPO, "roles", "*", "tasks", "*.yml")))
-        for entry in re.findall(r"name: %s\n\s+tasks_from: (\w+)\.yml" % role, text):
+        entries = set(re.findall(r"name: %s\n\s+tasks_from: (\w+)\.yml" % role, text))
+        for entry in entries:
             assert entry in specs, "%s: tasks_from %s has no argument spec" % (role, entry)
+        folder = os.path.join(REPO, "roles", role, "tasks")
+        own = "\n".join(open(p).read() for p in glob.glob(os.path.join(folder, "*.yml")))
+        included = [re.compile("[\\w-]+".join(map(re.escape, re.split(r"\{\{.*?\}\}", name))) + "$")
+                    for name in re.findall(r"(?:include|import)_tasks: ([^\n]+?\.yml)", own)]
+        for path in glob.glob(os.path.join(folder, "*.yml")):
+            name = os.path.basename(path)
+            assert name == "main.yml" or name[:-4] in entries or any(
+                pattern.match(name) for pattern in included), \
+                "roles/%s/tasks/%s is reached by no play, entry point or include" % (role, name)
 
 
 def test_roles_readme_lists_every_variable_with_its_default():
@@ -127,9 +140,13 @@ def test_roles_readme_lists_every_variable_with_its_default():
 
 def test_playbook_group_vars_define_nothing():
     """Playbook group_vars/all outrank inventory-file group vars: the defaults must not live there."""
-    path = os.path.join(REPO, "playbooks", "group_vars", "all.yml")
-    if os.path.exists(path):
-        assert not load("playbooks/group_vars/all.yml")
+    found = [os.path.relpath(p, REPO) for folder in ("group_vars", "host_vars")
+             for p in glob.glob(os.path.join(REPO, "playbooks", folder, "**", "*"), recursive=True)
+             if os.path.isfile(p)]
+    # The placeholder that says why stays where a newcomer would add defaults.
+    assert "playbooks/group_vars/all.yml" in found
+    for path in found:
+        assert not load(path), "%s defines variables: role defaults belong in roles/" % path
 
 
 def test_ansible_cfg_keeps_host_key_checking_on():

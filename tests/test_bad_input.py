@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 from test_cli import run_cli as run
 from tfcluster.runs import store as runs
 from tfcluster.spec.catalog import check_templates, custom_example, load_catalog, task_command
@@ -240,7 +240,7 @@ def test_a_launch_refused_after_its_local_agents_started_ends_them(tmp_path, cap
                                                                    monkeypatch):
     """The local agents start before the launcher's modules are imported (cli.planned_launch):
     a launch refused after that (its run id taken) ends them before it returns."""
-    from conftest import local_inventory_text
+    from support.cli import local_inventory_text
     from tfcluster.hosts.links import Hosts
     inventory = tmp_path / "local.yml"
     inventory.write_text(local_inventory_text(str(tmp_path / "work"), workers=2, ps=0))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from conftest import free_port_block
+from support.ports import free_port_block
 from test_agent import agent  # noqa: F401  (the fixture, used by name)
 from test_launcher_unit import FakeHosts, FakeLink, cluster_of, run
 from tfcluster.launch import proxy

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from conftest import REPO, assert_run_clean, run_record, tfcluster, wait_for
+from support import REPO
+from support.cli import assert_run_clean, run_record, tfcluster
+from support.procs import wait_for
 from test_causes_launch import Launch
 from test_ssh import ssh_inventory
 

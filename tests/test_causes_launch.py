@@ -10,7 +10,9 @@ import threading
 
 import pytest
 
-from conftest import REPO, assert_run_clean, pid_alive, run_record, wait_for
+from support import REPO
+from support.cli import assert_run_clean, run_record
+from support.procs import pid_alive, wait_for
 
 pytestmark = pytest.mark.slow
 

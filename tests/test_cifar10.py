@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-import example_checks as checks
-from example_smoke import CIFAR10_LEARNED, check_cifar10_run
-from conftest import REPO
+from support import example_checks as checks
+from support.example_smoke import CIFAR10_LEARNED, check_cifar10_run
+from support import REPO
 
 pytestmark = pytest.mark.slow
 

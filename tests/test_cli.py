@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from conftest import REPO, tfcluster
+from support import REPO
+from support.cli import tfcluster
 
 
 @pytest.mark.parametrize("args, message", [
@@ -94,8 +95,8 @@ def test_a_command_parsed_alone_reads_as_with_every_command_built(capsys):
 
 def test_fashion_mnists_smoke_launch_is_mnist_replicas():
     """The labs' every-example run launches one of two examples whose --smoke launches are the
-    same (tests/example_smoke.smoke_twins): their every task's command is."""
-    from example_smoke import smoke_twins
+    same (tests/support/example_smoke.smoke_twins): their every task's command is."""
+    from support.example_smoke import smoke_twins
     from tfcluster.spec.catalog import load_catalog, task_command
     from tfcluster.hosts.inventory import load_slots
     from tfcluster.spec.cluster import build_cluster

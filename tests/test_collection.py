@@ -12,9 +12,9 @@ import zipfile
 import pytest
 import yaml
 
-from ansible_run import ansible_tool
-from conftest import REPO
-from installed_wheel import build_wheel, install_wheel, run_installed
+from support.ansible_run import ansible_tool
+from support import REPO
+from support.installed_wheel import build_wheel, install_wheel, run_installed
 from tfcluster.cli import main as cli
 from tfcluster.deploy import playbook as deploy
 from tfcluster.deploy import wheelhouse

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 
 SCRIPT = os.path.join(REPO, "playbooks", "files", "deploy_stamp.py")
 SOURCE = open(SCRIPT).read()

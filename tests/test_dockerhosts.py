@@ -37,12 +37,13 @@ REPO = os.path.dirname(TESTS)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from ansible_run import (RECAP, Ansible, ansible_tool, close_ssh_masters, explain,  # noqa: E402
+from support.ansible_run import (RECAP, Ansible, ansible_tool, close_ssh_masters, explain,  # noqa: E402
                          task_status_runs, task_statuses, tiny_dataset)
-from installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
-from conftest import (DOCKERHOSTS_LOCK, assert_pictures_drawn, hold_lock, pid_alive,  # noqa: E402
-                      ready_wheelhouse, run_record, share_wheelhouse, tfcluster, wait_for)
-import readme_install  # noqa: E402
+from support.installed_wheel import build_wheel, install_wheel, run_installed  # noqa: E402
+from support.cli import assert_pictures_drawn, run_record, tfcluster
+from support.locks import DOCKERHOSTS_LOCK, hold_lock, ready_wheelhouse, share_wheelhouse
+from support.procs import pid_alive, wait_for
+from support import readme_install  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
 from hostlib import engine as dockerd  # noqa: E402
 from hostlib import image  # noqa: E402

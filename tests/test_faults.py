@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from conftest import (REPO, assert_run_clean, pid_alive, processes_matching, run_record,
-                      stopped_by_lease, tfcluster, wait_for)
+from support import REPO
+from support.cli import assert_run_clean, run_record, stopped_by_lease, tfcluster
+from support.procs import pid_alive, processes_matching, wait_for
 
 pytestmark = pytest.mark.slow  # every case is a real launch of several processes
 

@@ -22,8 +22,7 @@ if os.geteuid() != 0:
     pytest.skip("test_firewall needs root: the test hosts are network namespaces",
                 allow_module_level=True)
 
-from fixtures_testhosts import testhosts  # noqa: E402,F401,F811  (session fixture, used by name)
-from ansible_run import RECAP, Ansible, ansible_tool, explain  # noqa: E402
+from support.ansible_run import RECAP, Ansible, ansible_tool, explain  # noqa: E402
 
 pytestmark = pytest.mark.root  # the network-namespace test hosts; no TensorFlow is started
 

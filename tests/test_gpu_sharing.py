@@ -14,9 +14,10 @@ import uuid
 
 import pytest
 
-from conftest import (REPO, free_port_block, local_inventory_text, processes_matching, run_record,
-                      stop_leftovers, stopped_by_lease, tfcluster, wait_for)
-from other_users import readable_copy  # noqa: F401  (fixture, used by name)
+from support import REPO
+from support.cli import local_inventory_text, run_record, stopped_by_lease, tfcluster
+from support.ports import free_port_block
+from support.procs import processes_matching, stop_leftovers, wait_for
 from tfcluster.gpus import placement as gpus
 from tfcluster.hosts.inventory import Machine, Slot, load_slots
 from tfcluster.runs.record import PreflightReport
@@ -750,7 +751,7 @@ def test_closing_a_local_agent_that_does_not_end_kills_it_and_what_it_started(tm
     """Ctrl-C during a query of a stuck driver: the watch ends without leaving the agent (or its
     nvidia-smi) to run on. The "agent" here is a shell that never reads its stdin."""
     import queue
-    from conftest import pid_alive
+    from support.procs import pid_alive
     from tfcluster.hosts import links as hosts
     pid_file = tmp_path / "child.pid"
     monkeypatch.setattr(hosts, "agent_argv", lambda python, package_dir: [

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 from tfcluster.gpus import placement as gpus
 from tfcluster.spec.catalog import load_catalog, task_command
 from tfcluster.hosts.inventory import load_slots

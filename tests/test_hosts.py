@@ -4,7 +4,8 @@ only its deadline, links that open themselves, and Hosts closing its links as a 
 import sys
 import threading
 
-from conftest import REPO
+from support import REPO
+from support.procs import pid_alive
 from tfcluster.hosts.links import Hosts
 from tfcluster.hosts.inventory import Machine
 from tfcluster_agent import protocol as P
@@ -48,5 +49,7 @@ def test_links_open_themselves_and_close_with_their_hosts(tmp_path):
             P.Attach(run_dir=str(tmp_path), from_start=False), timeout=30))
         assert not outcomes.failed, outcomes.failed
         assert isinstance(outcomes.succeeded[machine.key], P.Attached)
-        assert link.hello is not None and link._proc.poll() is None
-    assert link._proc.wait(timeout=10) is not None  # its agent ended with the block
+        agent = link._proc
+        assert link.hello is not None and agent.poll() is None
+    # Its agent ended with the block: the process is reaped, not only told to go.
+    assert agent.poll() is not None and not pid_alive(agent.pid)

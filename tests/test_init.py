@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from ansible_run import ansible_tool
-from conftest import REPO
+from support.ansible_run import ansible_tool
+from support import REPO
 from tfcluster.cli import main as cli
 from tfcluster.hosts.inventory import read_slots
 

@@ -116,7 +116,7 @@ def test_missing_and_unparsable_inventory(tmp_path):
 def test_shipped_local_inventory_covers_every_example():
     import os
     from tfcluster.spec.catalog import load_catalog
-    from conftest import REPO
+    from support import REPO
     slots = load_slots(os.path.join(REPO, "inventory", "local.yml"))
     assert {s.machine.connection for s in slots} == {"local"}
     assert {s.machine.root for s in slots} == {REPO}
@@ -204,7 +204,7 @@ def test_ipv6_addresses_are_bracketed(tmp_path):
 def test_sample_data_network_example_works_uncommented(tmp_path):
     import os
     import shutil
-    from conftest import REPO
+    from support import REPO
     sample = tmp_path / "sample"
     shutil.copytree(os.path.join(REPO, "inventory", "sample"), sample)
     hosts = (sample / "hosts.yml").read_text()

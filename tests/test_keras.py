@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, assert_run_clean, run_record, tfcluster
+from support import REPO
+from support.cli import assert_run_clean, run_record, tfcluster
 
 pytestmark = pytest.mark.slow
 

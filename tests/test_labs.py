@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, tfcluster
+from support import REPO
+from support.cli import tfcluster
 from tfcluster.launch import sharing
 from tfcluster.cli.main import build_parser
 from tfcluster.deploy.playbook import playbook_command

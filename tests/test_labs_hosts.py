@@ -21,10 +21,12 @@ import traceback
 
 import pytest
 
-import example_smoke
-from ansible_run import Ansible, task_status_runs
-from conftest import REPO, ready_wheelhouse, run_record, tfcluster
-from fixtures_testhosts import HostSet, exclusive
+from support import example_smoke
+from support.ansible_run import Ansible, task_status_runs
+from support import REPO
+from support.cli import run_record, tfcluster
+from support.locks import ready_wheelhouse
+from support.testhosts import HostSet, exclusive
 from hostlib import labusers
 from tfcluster.spec.catalog import load_catalog
 

@@ -8,8 +8,9 @@ import time
 import pytest
 
 
-from conftest import (REPO, assert_run_clean, pid_alive, run_record, tfcluster,
-                      wait_for)
+from support import REPO
+from support.cli import assert_run_clean, run_record, tfcluster
+from support.procs import pid_alive, wait_for
 
 pytestmark = pytest.mark.slow  # real launches, TensorFlow in two of them
 
@@ -86,7 +87,7 @@ def test_custom_command_gets_cluster_and_interpreter(local_env):
 def test_custom_command_metrics_reach_the_file_the_plot_and_tensorboard(local_env):
     """A --cmd program printing the documented metrics lines and writing TensorBoard scalars
     where the README says gets what the built-in examples get."""
-    from example_checks import check_metrics, tensorboard_scalars
+    from support.example_checks import check_metrics, tensorboard_scalars
     inventory, runs_dir = local_env
     program = "python %s" % os.path.join(REPO, "tests", "programs", "metrics_task.py")
     tfcluster("launch", "--cmd", program, "-i", inventory, "--chief", "0", "--ps", "0",
@@ -225,7 +226,7 @@ def test_a_killed_mnist_worker_restarts_and_the_run_succeeds(local_env):
     """Between-graph replication survives a worker's death: with --restarts 1 the worker is
     started again with the same TF_CONFIG, rejoins the ps, and the run succeeds. The same
     launch is the async mnist_replica run whose learning check_mnist_run proves (resuming from
-    a checkpoint, `--resume`: the labs' every-example test, tests/example_smoke.py)."""
+    a checkpoint, `--resume`: the labs' every-example test, tests/support/example_smoke.py)."""
     inventory, runs_dir = local_env
     launcher = launcher_process(inventory, runs_dir, "--restarts", "1", example="mnist_replica",
                                 trainer_args=("--train_steps=400",))

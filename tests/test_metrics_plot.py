@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from example_checks import picture
+from support.example_checks import picture
 from tfcluster.cli import main as cli
 from tfcluster.runs import metrics
 from tfcluster.view import plot

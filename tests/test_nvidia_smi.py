@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from conftest import REPO, processes_matching
+from support import REPO
+from support.procs import processes_matching
 from test_gpu_sharing import (FAKE_SMI, fake_gpus, local_slots, outcomes_of,  # noqa: F401
                               reports_for, smi_in_process)
 from tfcluster.gpus import placement as gpus

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from conftest import REPO, tfcluster
+from support import REPO
+from support.cli import tfcluster
 from tfcluster.errors import UsageError
 from tfcluster.hosts.inventory import Machine, Slot
 from tfcluster.spec.cluster import build_cluster, format_cluster_spec, parse_cluster_spec, render

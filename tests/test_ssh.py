@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from conftest import REPO, assert_run_clean, run_record, tfcluster
+from support import REPO
+from support.cli import assert_run_clean, run_record, tfcluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -152,7 +153,7 @@ def test_a_host_cut_off_mid_run_fails_the_run_and_the_others_are_stopped(testhos
                 return run_record(runs_dir, "cut").get("state") == "running"
             except (AssertionError, OSError, ValueError):
                 return False
-        from conftest import wait_for
+        from support.procs import wait_for
         wait_for(running, 60, "the run to be running")
         testhosts.link(3, "down")
         cut_at = time.monotonic()

@@ -9,7 +9,9 @@ import threading
 
 import pytest
 
-from conftest import REPO, assert_run_clean, run_record, tfcluster, wait_for
+from support import REPO
+from support.cli import assert_run_clean, run_record, tfcluster
+from support.procs import wait_for
 from tfcluster_agent.supervisor import has_live_member
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]

@@ -12,7 +12,9 @@ import time
 import pytest
 from rich.console import Console
 
-from conftest import REPO, run_record, wait_for
+from support import REPO
+from support.cli import run_record
+from support.procs import wait_for
 from test_cli import run_cli
 from test_causes import CREATE_SESSION
 from test_launcher_unit import FakeLink, cluster_of, run

@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from conftest import REPO, assert_run_clean, run_record, tfcluster, wait_for
+from support import REPO
+from support.cli import assert_run_clean, run_record, tfcluster
+from support.procs import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_record, tfcluster
+from support import REPO
+from support.cli import run_record, tfcluster
 from test_cli import run_cli as run
 from tfcluster.spec import catalog
 from tfcluster.data import fetch as datafetch

@@ -15,8 +15,8 @@ import tarfile
 
 import pytest
 
-from ansible_run import run_on_local_hosts, task_status_runs, task_statuses
-from conftest import REPO
+from support.ansible_run import run_on_local_hosts, task_status_runs, task_statuses
+from support import REPO
 from tfcluster.deploy import packcache
 from tfcluster.deploy import wheelhouse
 from tfcluster.deploy import wheelpack

@@ -19,15 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest  # noqa: E402
 
-pytest.register_assert_rewrite("fixtures_testhosts")
-from fixtures_testhosts import (  # noqa: E402
+from support.testhosts import (  # noqa: E402
     HostSet, SCRIPT, exclusive, leftovers, run_script, skip_reason)
 from hostlib import netns  # noqa: E402
-from other_users import readable_copy  # noqa: E402,F401  (fixture, used by name)
 from hostlib import testhosts as th  # noqa: E402
 from hostlib.common import find_tools, missing_tools_message, tcp_open, wait_until  # noqa: E402
 
-pytest_plugins = ["fixtures_testhosts"]  # provides the `testhosts` fixture
 
 pytestmark = pytest.mark.root  # most of it makes network namespaces; all of it is about them
 

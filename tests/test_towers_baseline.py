@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from conftest import REPO
-from example_checks import result_line
+from support import REPO
+from support.example_checks import result_line
 
 pytestmark = pytest.mark.slow
 

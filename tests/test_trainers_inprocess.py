@@ -17,7 +17,7 @@ import threading
 import pytest
 
 import trainers
-from conftest import free_port_block
+from support.ports import free_port_block
 from tfcluster_agent import protocol
 from trainers import (census_widendeep, cifar10, data_parallel, grpc_server, mnist_async,
                       mnist_replica, mnist_towers, model_parallel, multi_worker_mirrored,

@@ -4,7 +4,7 @@ that fills an empty wheelhouse; and the archive the trainers role packs on the c
 afterwards, also when every host failed to unpack it."""
 import pytest
 
-from ansible_run import run_on_local_hosts, task_statuses
+from support.ansible_run import run_on_local_hosts, task_statuses
 
 pytestmark = pytest.mark.slow
 

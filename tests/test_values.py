@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 from tfcluster_agent.values import as_dict, field, fields, replace, value_class
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 from tfcluster.deploy import wheelhouse
 from tfcluster.deploy import wheelrecord
 

@@ -73,7 +73,7 @@ def scan_groups(pgids):
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        fields = S._stat(int(entry))
+        fields = S.proc_stat(int(entry))
         # After the command: state, ppid, pgrp (index 2); utime, stime, cutime, cstime (11-14).
         if not fields or fields[0] in ("Z", "X"):
             continue
@@ -190,7 +190,7 @@ def _catches(pid, signum):
 
 def _describe(pid):
     """pid 123 (python3) S in do_epoll_wait: what the kernel says a process does."""
-    fields = S._stat(pid)
+    fields = S.proc_stat(pid)
     try:
         with open("/proc/%d/comm" % pid) as handle:
             comm = handle.read().strip()

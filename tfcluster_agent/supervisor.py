@@ -33,7 +33,7 @@ def boot_id():
         return ""
 
 
-def _stat(pid):
+def proc_stat(pid):
     """The fields of /proc/PID/stat after the command name (state first), or None."""
     try:
         with open("/proc/%d/stat" % pid) as handle:
@@ -43,7 +43,7 @@ def _stat(pid):
 
 
 def _start_of(fields):
-    """Start time (clock ticks since boot, /proc/PID/stat field 22) from _stat's FIELDS."""
+    """Start time (clock ticks since boot, /proc/PID/stat field 22) from proc_stat's FIELDS."""
     try:
         return int(fields[19]) if fields else None
     except (ValueError, IndexError):
@@ -52,14 +52,14 @@ def _start_of(fields):
 
 def start_time(pid):
     """The process's start time in clock ticks since boot, or None."""
-    return _start_of(_stat(pid))
+    return _start_of(proc_stat(pid))
 
 
 def has_live_member(pgid):
     """True when a process that is not a zombie still belongs to process group PGID."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            fields = _stat(int(entry))
+            fields = proc_stat(int(entry))
             if fields and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
                 return True
     return False
@@ -113,7 +113,7 @@ def group_is_ours(record):
     pgid = int(record["pid"])
     if record.get("boot") != boot_id():
         return False
-    fields = _stat(pgid)
+    fields = proc_stat(pgid)
     if fields is not None and _start_of(fields) != record.get("start"):
         return False  # the pid belongs to another process now
     if fields is not None and fields[0] not in ("Z", "X"):

@@ -9,7 +9,7 @@ from tfcluster.runs import store as runs
 from tfcluster.errors import PreflightError, RunFailed
 from tfcluster.runs.record import RunState
 from tfcluster_agent import protocol as P
-from tfcluster_agent.supervisor import _stat, start_time
+from tfcluster_agent.supervisor import proc_stat, start_time
 
 WAIT_POLL_SECONDS = 2.0
 RACE_RETRIES = 3  # placements tried again at once when other runs claim GPUs in between
@@ -152,7 +152,7 @@ def stop_waiting(record, reporter, timeout=30):
     pid = waiting["pid"]
 
     def alive():  # still the launcher it was (not a reused pid), and not a zombie
-        fields = _stat(pid)
+        fields = proc_stat(pid)
         return bool(fields) and fields[0] not in ("Z", "X") and \
             start_time(pid) == waiting.get("start")
 

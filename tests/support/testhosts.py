@@ -1,8 +1,6 @@
 """pytest fixture `testhosts`: 3 real SSH hosts (network namespaces) for a session.
 
-Use it from a test module with
-    pytest_plugins = ["fixtures_testhosts"]      # or import from conftest.py
-(tests/ must be on sys.path; the test modules insert it themselves).
+tests/conftest.py registers it (pytest_plugins); a test names it:
 
     def test_something(testhosts):
         testhosts.inventory    # Path of inventory/testhosts.yml
@@ -16,7 +14,7 @@ Use it from a test module with
 The fixture runs `scripts/testhosts up 3` once per session and ALWAYS runs
 `scripts/testhosts down` at teardown, even when up or a test failed. It skips
 (with the reason) when not root or when ip/sshd/ssh are missing. A lock file
-(conftest.TESTHOSTS_LOCK) serialises concurrent pytest sessions on
+(support.locks.TESTHOSTS_LOCK) serialises concurrent pytest sessions on
 one machine; stale hosts from a crashed run are removed with `down` before `up`.
 
 `leftovers()` lists whatever testhosts left behind (tfc-* namespaces and links,
@@ -34,20 +32,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TESTHOSTS_LOCK, hold_lock
+from support.locks import TESTHOSTS_LOCK, hold_lock
 from hostlib import labusers, netns, ssh
 from hostlib import testhosts as th
 from hostlib.common import find_tools, missing_tools_message
 
-TESTS_DIR = Path(__file__).resolve().parent
-REPO = TESTS_DIR.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "testhosts"
 SESSION_HOSTS = 3
 OUTSIDER_ADDR = "10.231.0.200"  # HostSet.outsider(): far above the hosts' 10.231.0.11..30
 
-# One session host set per process, even if this module gets imported twice
-# (e.g. as a plugin and by `from fixtures_testhosts import testhosts` in a
-# conftest): the registry lives in sys.modules, not in this module's globals.
+# One session host set per process: the registry lives in sys.modules, not in this module's
+# globals, should the module be imported under a second name.
 _REGISTRY = sys.modules.setdefault("_tfc_testhosts_registry",
                                   types.ModuleType("_tfc_testhosts_registry"))
 if not hasattr(_REGISTRY, "session_hosts"):

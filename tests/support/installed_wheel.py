@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO
+from support import REPO
 
 
 def build_wheel(folder):

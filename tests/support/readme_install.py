@@ -6,7 +6,7 @@ import re
 import subprocess
 import time
 
-from conftest import REPO
+from support import REPO
 
 MARK = "@@tfcluster-readme-line"
 

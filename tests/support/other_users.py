@@ -4,7 +4,6 @@ The checkout may live where only root can enter (root's home and `mktemp -d` fol
 another user cannot run anything from it. The fixture `readable_copy` copies the parts of the
 checkout such a test needs into a fresh folder every user can read, and removes it afterwards:
 
-    from other_users import readable_copy  # noqa: F401  (fixture, used by name)
 
     def test_x(readable_copy):
         folder = readable_copy("tfcluster_agent", "tests/programs/nvidia-smi")
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 
 
 def closed_folder(path):

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from example_checks import (assert_learned, check_metrics, check_run, check_tensorboard,
+from support.example_checks import (assert_learned, check_metrics, check_run, check_tensorboard,
                             metric_points)
 
 CHECKS = {}

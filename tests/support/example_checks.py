@@ -8,7 +8,7 @@ import sys
 import types
 from xml.etree import ElementTree
 
-from conftest import assert_run_clean, run_record, tfcluster
+from support.cli import assert_run_clean, run_record, tfcluster
 from tfcluster_agent import protocol
 
 LAUNCH_TIMEOUT = 300  # the launcher stops everything itself after this long

@@ -1,0 +1,103 @@
+"""The CLI as a user runs it, the local inventories it runs on, and what a run must leave."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+from support import REPO
+from support.ports import free_port_block, port_free
+from support.procs import pid_alive
+
+
+def local_inventory_text(workdir, port_base=None, ps=2, workers=3, chief=1, extra=""):
+    """An inventory like inventory/local.yml, with its own work folder and ports."""
+    return """all:
+  vars:
+    ansible_connection: local
+    tfcluster_deploy: false
+    tfcluster_root: {repo}
+    tfcluster_python: {python}
+    tfcluster_workdir: {workdir}
+    tfcluster_data_dir: {workdir}/data
+    tfcluster_port_base: {port_base}
+{extra}  children:
+    chief:
+      hosts:
+{chief_hosts}    worker:
+      hosts:
+{worker_hosts}    ps:
+      hosts:
+{ps_hosts}""".format(
+        repo=REPO, python=sys.executable, workdir=workdir, extra=extra,
+        port_base=port_base if port_base is not None else free_port_block(),
+        chief_hosts="".join("        chief%d: {ansible_host: localhost}\n" % i for i in range(chief)),
+        worker_hosts="".join("        worker%d: {ansible_host: localhost}\n" % i
+                             for i in range(workers)),
+        ps_hosts="".join("        ps%d: {ansible_host: localhost}\n" % i for i in range(ps)))
+
+
+def tfcluster(*args, runs_dir=None, timeout=600, check=None, env=None):
+    """Run the CLI as a user would; returns CompletedProcess with text output."""
+    argv = [sys.executable, "-m", "tfcluster"]
+    if runs_dir:
+        argv += ["--runs-dir", runs_dir]
+    argv += list(args)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+    if check is not None and proc.returncode != check:
+        raise AssertionError("tfcluster %s exited %d, expected %d\nstdout:\n%s\nstderr:\n%s" % (
+            " ".join(args), proc.returncode, check, proc.stdout[-6000:], proc.stderr[-3000:]))
+    return proc
+
+
+def run_record(runs_dir, run_id=None):
+    if run_id is None:
+        names = sorted(os.listdir(runs_dir))
+        assert names, "no run folder in %s" % runs_dir
+        run_id = names[-1]
+    with open(os.path.join(runs_dir, run_id, "run.json")) as handle:
+        return json.load(handle)
+
+
+def assert_pictures_drawn(runs_dir):
+    """Every ended run in RUNS_DIR with metrics points has its metrics.svg: the launcher (or
+    `tfcluster stop`) writes it before it returns."""
+    runs = [os.path.join(runs_dir, name) for name in os.listdir(runs_dir)] \
+        if os.path.isdir(runs_dir) else []
+    missing = [run for run in runs if picture_due(run)
+               and not os.path.exists(os.path.join(run, "metrics.svg"))]
+    assert not missing, "runs ended with metrics points but no metrics.svg: %s" % missing
+
+
+def picture_due(run_dir):
+    """Whether RUN_DIR's run ended with metrics points (its end recorded: a run whose controller
+    was killed draws nothing)."""
+    try:
+        with open(os.path.join(run_dir, "run.json")) as handle:
+            ended = json.load(handle).get("ended")
+        return bool(ended) and os.path.getsize(os.path.join(run_dir, "metrics.jsonl")) > 0
+    except (OSError, ValueError):
+        return False
+
+
+def stopped_by_lease(record):
+    """True once every task of RECORD (a local run whose controller is gone) has stopped, its
+    .lease aged an hour at each look: the lease runs out at once, whatever the lease length,
+    and a ping the agent reads late cannot renew it for long."""
+    long_ago = time.time() - 3600
+    for folder in {task["host_run_dir"] for task in record["tasks"].values()}:
+        try:
+            os.utime(os.path.join(folder, ".lease"), (long_ago, long_ago))
+        except FileNotFoundError:
+            pass  # its agent never started a task there
+    return not any(pid_alive(task["pid"]) for task in record["tasks"].values() if task["pid"])
+
+
+def assert_run_clean(record):
+    """Every task process of the run gone, every port free."""
+    for label, task in record["tasks"].items():
+        if task.get("pid"):
+            assert not pid_alive(task["pid"]), "%s (pid %s) still running" % (label, task["pid"])
+        if task.get("port"):
+            assert port_free(task["port"]), "%s port %s still busy" % (label, task["port"])
