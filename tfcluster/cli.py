@@ -160,7 +160,16 @@ def run():
     os._exit(code)
 
 
+def replace_unencodable(streams):
+    """A character the terminal cannot encode shows as '?' instead of ending the command (a
+    launch mid-run): the tasks' logs keep their bytes."""
+    for stream in streams:
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+
+
 def main(argv=None):
+    replace_unencodable((sys.stdout, sys.stderr))
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare `--` goes to the trainer untouched.
     trainer_args = argv[argv.index("--") + 1:] if "--" in argv else []
