@@ -77,3 +77,53 @@ def test_a_character_the_terminal_cannot_encode_is_replaced_not_fatal(two_worker
                                "--run-id", "live"], latin1)
     assert code == 0 and "Traceback" not in shown, shown
     assert run_record(runs_dir, "live")["state"] == "succeeded"
+
+
+def test_a_wrong_trainer_flag_is_refused_before_anything_starts(tmp_path):
+    """Every built-in example's trainer, in a fresh controller process: one line naming the flag
+    and the closest valid one, exit 2, no run folder, and no TensorFlow imported to find out."""
+    from tfcluster.catalog import load_catalog
+    program = ("import sys; from tfcluster import cli\n"
+               "for name in sys.argv[2:]:\n"
+               "    code = cli.main(['--runs-dir', sys.argv[1], 'launch', name, '--smoke', '--',"
+               " '--no_such_flag'])\n"
+               "    print(name, code, flush=True)\n"
+               "assert 'tensorflow' not in sys.modules\n")
+    names = sorted(load_catalog())
+    runs_dir = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-c", program, str(runs_dir)] + names, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [word for name in names for word in (name, "2")], proc.stdout
+    lines = proc.stderr.splitlines()
+    assert len(lines) == len(names) and "Traceback" not in proc.stderr, proc.stderr
+    for name, line in zip(names, lines):
+        assert line.startswith("tfcluster: error: %s's trainer has no flag --no_such_flag: the "
+                               "closest is --" % name), line
+    assert not runs_dir.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--no_such_flag"], "mnist_replica's trainer has no flag --no_such_flag: the closest is "
+                         "--num_gpus (see `python -m trainers.mnist_replica --help`)"),
+    (["--train_steps=ten"], "mnist_replica's trainer: argument --train_steps: invalid int "
+                            "value: 'ten'"),
+    (["steps"], "mnist_replica's trainer takes flags only, not 'steps'"),
+])
+def test_trainer_flags_and_values(tmp_path, capsys, args, message):
+    from test_cli import run_cli
+    code, out, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), "launch",
+                             "mnist_replica", "-i", "/nonexistent.yml", "--", *args)
+    assert_one_line(code, err, 2, message)  # before the inventory is even read
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_catalogs_own_trainer_flags_pass_the_check():
+    """The flags each example gives its trainer (args, smoke) are the trainer's: the check
+    refuses none of them."""
+    import re
+    import shlex
+    from tfcluster.catalog import check_trainer_args, load_catalog
+    for example in load_catalog().values():
+        for template in (example.args, example.smoke):
+            check_trainer_args(example, shlex.split(re.sub(r"\{\{[^}]*\}\}", "x", template)))

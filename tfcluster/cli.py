@@ -203,6 +203,7 @@ def cmd_launch(args):
         raise UsageError("name an example (`tfcluster examples` lists them) or pass --cmd")
     if args.smoke and args.cmd:
         raise UsageError("--smoke is for built-in examples; your --cmd decides its own settings")
+    catalog.check_trainer_args(example, user_args)  # before anything starts
     from tfcluster import runs
     if args.resume:
         runs.load(args.runs_dir, args.resume)  # a one-line error when there is no such run
