@@ -82,11 +82,23 @@ def test_cluster_spec_hosts(capsys, text, message):
     (["launch", "mnist_replica", "--run-id", "abc\n"], "argument --run-id: run id 'abc\\n' may only"),
     (["launch", "mnist_replica", "--run-id", "../x"], "argument --run-id: run id '../x' may only"),
     (["status", "abc\n"], "run id 'abc\\n' may only use"),
+    # An empty id (a script's unset variable) is no "newest run": leaving it out is.
+    (["stop", ""], "argument run: the run id is empty: give one, or leave the argument out"),
+    (["status", ""], "argument run: the run id is empty"),
+    (["logs", ""], "argument run: the run id is empty"),
+    (["stacks", ""], "argument run: the run id is empty"),
+    (["plot", "a", ""], "argument RUN: the run id is empty"),
+    (["tensorboard", ""], "argument RUN: the run id is empty"),
+    (["launch", "--cmd", "true", "--resume", ""], "argument --resume: the run id is empty"),
+    (["launch", "--cmd", "true", "--run-id", ""], "argument --run-id: the run id is empty"),
+    # A long one is shortened in the message.
+    (["logs", "x" * 5000], "run id '%s... (5000 characters)' may only use" % ("x" * 40)),
 ])
 def test_argument_types(tmp_path, capsys, argv, message):
     runs_dir = tmp_path / "runs"
     code, _, err = run(capsys, "--runs-dir", str(runs_dir), *argv)
     assert_usage_error(code, err, message)
+    assert len(err) < 400, err
     assert not runs_dir.exists()
 
 

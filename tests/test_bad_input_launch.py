@@ -127,3 +127,17 @@ def test_the_catalogs_own_trainer_flags_pass_the_check():
     for example in load_catalog().values():
         for template in (example.args, example.smoke):
             check_trainer_args(example, shlex.split(re.sub(r"\{\{[^}]*\}\}", "x", template)))
+
+
+def test_an_empty_run_id_stops_nothing(two_workers):
+    """`tfcluster stop "$UNSET"`: refused; the running run goes on until named or left out."""
+    inventory, runs_dir = two_workers
+    tfcluster("launch", "-i", inventory, "--cmd", "sleep 60", "--detach", "--run-id", "busy",
+              runs_dir=runs_dir, check=0)
+    stop = tfcluster("stop", "", runs_dir=runs_dir)
+    assert_one_line(stop.returncode, stop.stderr, 2, "the run id is empty")
+    assert run_record(runs_dir, "busy")["state"] == "running"
+    status = tfcluster("status", runs_dir=runs_dir, check=0)
+    assert status.stdout.count(" running ") == 2, status.stdout
+    tfcluster("stop", runs_dir=runs_dir, check=0)  # left out: the newest running run
+    assert run_record(runs_dir, "busy")["state"] == "stopped"

@@ -38,7 +38,8 @@ def build_parser(only=None):
     p.add_argument("--evaluators", type=count, default=argparse.SUPPRESS, help="evaluator tasks to use")
     p.add_argument("--success", choices=["chief", "worker0", "all_workers"],
                    help="with --cmd: which tasks must exit 0 (default: chief, else worker 0)")
-    p.add_argument("--resume", metavar="RUN", help="restore the chief from RUN's checkpoints")
+    p.add_argument("--resume", metavar="RUN", type=run_id,
+                   help="restore the chief from RUN's checkpoints")
     p.add_argument("--intra-op-threads", type=threads, help="per task (default: cores / tasks per host)")
     p.add_argument("--inter-op-threads", type=threads, help="per task (default: 1 or 2)")
     p.add_argument("--start-timeout", type=seconds, default=60.0,
@@ -107,24 +108,25 @@ def build_parser(only=None):
     sub.add_parser("examples", help="list the built-in examples")
 
     p = sub.add_parser("status", help="tasks of a run and their state")
-    p.add_argument("run", nargs="?", help="run id (default: the newest)")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest)")
     p = sub.add_parser("logs", help="print a run's logs")
-    p.add_argument("run", nargs="?", help="run id (default: the newest)")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest)")
     p.add_argument("--task", help="only this task, e.g. worker:1")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until tasks end")
     p = sub.add_parser("stop", help="stop every task of a run, collect its logs")
-    p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
     p.add_argument("--grace", type=seconds, default=10.0)
     sub.add_parser("runs", help="list past and current runs")
     stall.add_cli(sub)  # launch --stall-after, --on-stall; stacks
     stragglers.add_cli(sub)  # launch --straggler-after
 
     p = sub.add_parser("plot", help="draw loss and examples/s of runs into one SVG")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, overlaid")
+    p.add_argument("runs", nargs="+", metavar="RUN", type=run_id, help="run ids, overlaid")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="SVG to write (default: RUN's metrics.svg, or ./metrics-compare.svg)")
     p = sub.add_parser("tensorboard", help="serve runs' TensorBoard event files")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, each named by its id")
+    p.add_argument("runs", nargs="+", metavar="RUN", type=run_id,
+                   help="run ids, each named by its id")
     p.add_argument("--port", type=int, default=6006, help="default 6006")
     p.add_argument("--host", help="address to listen on (default: TensorBoard's, localhost)")
 

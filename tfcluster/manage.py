@@ -31,7 +31,8 @@ def cluster_from_record(record):
 
 
 def pick(runs_dir, run_id, active_only=False):
-    return runs.load(runs_dir, run_id) if run_id else runs.latest(runs_dir, active_only)
+    # None (no argument) is the newest; an empty id is refused by runs.load.
+    return runs.latest(runs_dir, active_only) if run_id is None else runs.load(runs_dir, run_id)
 
 
 def attach(hosts, cluster, run_id, from_start):

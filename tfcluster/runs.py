@@ -36,9 +36,12 @@ def new_run_id(example):
 
 
 def check_run_id(run_id):
+    if not run_id:  # an unset variable in a script: never "the newest run"
+        raise UsageError("the run id is empty: give one, or leave the argument out")
     if not RUN_ID.fullmatch(run_id):
+        shown = run_id if len(run_id) <= 60 else "%s... (%d characters)" % (run_id[:40], len(run_id))
         raise UsageError("run id %r may only use letters, digits, '.', '_' and '-' (100 at most, "
-                         "starting with a letter or digit): pick another" % run_id)
+                         "starting with a letter or digit): pick another" % shown)
     return run_id
 
 

@@ -42,6 +42,7 @@ def stall_seconds(text):
 
 def add_cli(sub):
     """The launch flags and the `stacks` command, on the CLI's subparsers SUB."""
+    from tfcluster.cliparse import run_id
     launch = sub.choices["launch"]
     launch.add_argument("--stall-after", type=stall_seconds, metavar="S",
                         help="a training task that prints nothing and uses almost no CPU for S "
@@ -52,7 +53,7 @@ def add_cli(sub):
                         help="after a stall is reported: go on (report, the default) or stop "
                              "the run and fail (stop)")
     p = sub.add_parser("stacks", help="every Python thread's stack of every task of a run")
-    p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
 
 
 def cmd_stacks(args):
