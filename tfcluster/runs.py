@@ -61,6 +61,26 @@ def writable_dir(path, what):
     return path
 
 
+@contextlib.contextmanager
+def folder_for(path, what):
+    """writable_dir(PATH, WHAT) for the block: the folders it had to create are removed again
+    when the block fails and leaves them empty."""
+    created = []
+    folder = os.path.abspath(path)
+    while not os.path.lexists(folder):
+        created.append(folder)  # innermost first
+        folder = os.path.dirname(folder)
+    try:
+        yield writable_dir(path, what)
+    except BaseException:
+        for folder in created:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break  # not empty (what the block made is kept), or never made
+        raise
+
+
 def save(record):
     """Write RECORD's run.json: the one place a run record is written."""
     if not record.claimed:
