@@ -152,3 +152,48 @@ def test_lock_into_a_read_only_folder(house):
     assert_usage_error(proc.returncode, proc.stderr, "tfcluster: error: --constraints' folder "
                                                      "%s cannot hold files" % (folder / "new"))
     assert not os.listdir(folder) and not house.calls()
+
+
+# Ctrl-C as the program loads MODULE: a finder raises KeyboardInterrupt at its import (once),
+# then the program starts as the console script or `python -m tfcluster` does.
+INTERRUPTED_START = r'''
+import sys
+MODULE, HOW = sys.argv[1], sys.argv[2]
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            sys.meta_path.remove(self)
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["tfcluster"] + sys.argv[3:]
+if HOW == "console script":  # what pip's tfcluster script (tfcluster.cli:run) does
+    from tfcluster.cli import run
+    sys.exit(run())
+import runpy
+runpy.run_module("tfcluster", run_name="__main__", alter_sys=True)
+'''
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m"])
+@pytest.mark.parametrize("module, argv", [
+    ("argparse", ["runs"]),                                # the command line's own modules
+    ("tfcluster.cliparse", ["runs"]),
+    ("tfcluster.wheelhouse", ["wheelhouse", "--dest", "DEST"]),  # a command's parser
+    ("tfcluster.catalog", ["launch", "--cmd", "true", "-i", "INVENTORY"]),  # a command
+    ("tfcluster.launcher", ["launch", "--cmd", "true", "-i", "INVENTORY"]),  # agents started
+])
+def test_ctrl_c_while_the_program_loads(tmp_path, how, module, argv):
+    from conftest import local_inventory_text, stop_leftovers
+    inventory = tmp_path / "w.yml"
+    inventory.write_text(local_inventory_text(str(tmp_path / "work"), ps=0, workers=2, chief=0))
+    argv = [{"INVENTORY": str(inventory), "DEST": str(tmp_path / "wheels")}.get(a, a)
+            for a in argv]
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_START, module, how, "--runs-dir",
+                           str(tmp_path / "runs"), *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) <= 1, proc.stderr
+    assert not os.path.exists(tmp_path / "wheels")
+    runs = tmp_path / "runs"  # made before the launch's modules load; no run in it
+    assert not runs.exists() or not os.listdir(runs)
+    assert not stop_leftovers(str(tmp_path))  # the agents that had started were ended

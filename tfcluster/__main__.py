@@ -1,3 +1,6 @@
-from tfcluster.cli import run
+try:
+    from tfcluster.cli import run
+except KeyboardInterrupt:  # Ctrl-C while the program loads: no traceback
+    raise SystemExit(130) from None
 
 run()

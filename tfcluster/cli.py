@@ -3,13 +3,16 @@
 Exit codes: 0 success, 1 run failed, 2 usage or bad input, 3 preflight failed,
 124 --timeout, 130 interrupted.
 """
-import argparse
-import os
-import sys
+try:
+    import argparse
+    import os
+    import sys
 
-from tfcluster import __version__, stall, stragglers
-from tfcluster.cliparse import Commands, Parser, count, named_command, run_id, seconds, threads
-from tfcluster.errors import TfclusterError, UsageError
+    from tfcluster import __version__, stall, stragglers
+    from tfcluster.cliparse import Commands, Parser, count, named_command, run_id, seconds, threads
+    from tfcluster.errors import TfclusterError, UsageError
+except KeyboardInterrupt:  # Ctrl-C while the program loads (the console script imports us)
+    raise SystemExit(130) from None
 
 DEFAULT_INVENTORY = "inventory/local.yml"
 COUNT_FLAGS = (("ps", "ps"), ("worker", "workers"), ("chief", "chief"), ("evaluator", "evaluators"))
@@ -153,7 +156,10 @@ def run():
     """The program (console script, `python -m tfcluster`): main(), then the process ends
     without the interpreter's shutdown, 7 ms of every command's. Each command closes what it
     opened; the standard streams are flushed here."""
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C before main's own handler: no traceback either
+        code = 130
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -176,13 +182,13 @@ def main(argv=None):
     # Everything after a bare `--` goes to the trainer untouched.
     trainer_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    parser = build_parser(named_command(argv, COMMANDS))
-    args = parser.parse_args(argv)
-    args.trainer_args = trainer_args
-    if not args.command:
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser(named_command(argv, COMMANDS))  # imports a command's module
+        args = parser.parse_args(argv)
+        args.trainer_args = trainer_args
+        if not args.command:
+            parser.print_help()
+            return 2
         return COMMANDS[args.command](args) or 0
     except TfclusterError as err:
         print("tfcluster: error: %s" % err, file=sys.stderr, flush=True)
