@@ -197,3 +197,24 @@ def test_ctrl_c_while_the_program_loads(tmp_path, how, module, argv):
     runs = tmp_path / "runs"  # made before the launch's modules load; no run in it
     assert not runs.exists() or not os.listdir(runs)
     assert not stop_leftovers(str(tmp_path))  # the agents that had started were ended
+
+
+@pytest.mark.parametrize("text, argv, message", [
+    ("worker:\n  hosts:\n    w0: {ansible_host: localhost\n", [],
+     "cannot parse inventory %s: YAML parsing failed: "),
+    ("worker:\n  hosts:\n    w0: {tfcluster_port: soon}\n", ["--system"],
+     "host w0: tfcluster_port must be a whole number, not 'soon'"),
+    ("all:\n  vars: {tfcluster_deploy: false}\nworker:\n  hosts:\n    w0: {}\n", ["--system"],
+     "inventory %s: every slot has tfcluster_deploy: false, so there is nothing to deploy: set "
+     "tfcluster_deploy: true for the machines to provision"),
+    ("all:\n  vars: {tfcluster_deploy: false}\nworker:\n  hosts:\n    w0: {}\n",
+     ["--playbook", "teardown"], "so there is nothing to tear down"),
+    ("ungrouped:\n  hosts:\n    h0: {}\n", [], "inventory %s has no hosts in ps, worker, chief or "
+                                                "evaluator groups: nothing to deploy"),
+])
+def test_deploy_checks_the_inventory_before_ansible_starts(tmp_path, capsys, text, argv, message):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(text)
+    code, out, err = run_cli(capsys, "deploy", "-i", str(inventory), *argv)
+    assert_usage_error(code, err, message.replace("%s", str(inventory)))
+    assert "ansible-playbook" not in out, out  # never started

@@ -101,6 +101,8 @@ class Slot:
     gpus: tuple | None = None
     # tfcluster_code_dir: a controller folder `tfcluster sync` pushes to <tfcluster_root>/code.
     code_dir: str | None = None
+    # tfcluster_deploy: deploy.yml and teardown.yml provision its machine (false: it is ready).
+    deploy: bool = True
     extra: dict = field(default_factory=dict, compare=False)
 
 
@@ -297,6 +299,7 @@ def _slot(hostname, job, host_vars, templar, folder):
         port_base=_int(get("tfcluster_port_base", DEFAULT_PORT_BASE), "tfcluster_port_base", hostname),
         gpus=_gpus(get("tfcluster_gpus"), hostname),
         code_dir=get("tfcluster_code_dir"),
+        deploy=_flag(get("tfcluster_deploy", True), "tfcluster_deploy", hostname),
     )
 
 
