@@ -35,6 +35,8 @@ def inventory(tmp_path, host_vars):
     ("tfcluster_connect_timeout: .nan", "tfcluster_connect_timeout must be a number of seconds"),
     ("tfcluster_port: true", "host w0: tfcluster_port must be a whole number, not 'true'"),
     ("tfcluster_gpus: [-1]", "host w0: tfcluster_gpus lists GPU -1, but ids start at 0"),
+    ("tfcluster_stall_after: 0.5", "host w0: tfcluster_stall_after must be 0 (off) or at least "
+                                   "1 s (how often the watch looks), not 0.5"),
     ("tfcluster_gpus: [0, 0]", "host w0: tfcluster_gpus lists a GPU twice"),
     ("tfcluster_data_dir: data", "host w0: tfcluster_data_dir must be an absolute path, not 'data'"),
     ('tfcluster_workdir: "/srv/a\\nb"', "host w0: tfcluster_workdir '/srv/a\\nb' contains a control"),

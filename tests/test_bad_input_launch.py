@@ -141,3 +141,47 @@ def test_an_empty_run_id_stops_nothing(two_workers):
     assert status.stdout.count(" running ") == 2, status.stdout
     tfcluster("stop", runs_dir=runs_dir, check=0)  # left out: the newest running run
     assert run_record(runs_dir, "busy")["state"] == "stopped"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--stall-after", "0.001"], "argument --stall-after: must be 0 (off) or at least 1 s (how "
+                                 "often the watch looks), not '0.001'"),
+    (["--stall-after", "5", "--detach"], "--stall-after and --on-stall need the launcher to "
+                                         "watch the run: drop them, or drop --detach"),
+    (["--on-stall", "report", "--detach"], "--stall-after and --on-stall need the launcher"),
+])
+def test_stall_flags_the_watch_cannot_honour(two_workers, capsys, argv, message):
+    from test_cli import run_cli
+    inventory, runs_dir = two_workers
+    code, out, err = run_cli(capsys, "--runs-dir", runs_dir, "launch", "-i", inventory, "--cmd",
+                             "sleep 4", *argv)
+    assert_one_line(code, err, 2, message)
+    assert not os.path.exists(runs_dir) and "preflight" not in out
+
+
+class EndingWhileStacksAreTaken:
+    """worker-1 stalls at once (test_stall.StallingLink); every worker then ends with exit 0
+    while the stacks are taken."""
+
+    def request(self, msg, timeout, what="", collect=None):
+        from tfcluster_agent import protocol as P
+        from tfcluster_agent.stall import TakeStacks
+        if isinstance(msg, TakeStacks):
+            for name in sorted(n for n in self.alive if n.startswith("worker")):
+                self.alive.discard(name)
+                self.emit(P.Exited(name=name, code=0, state="exited"))
+        return super().request(msg, timeout, what, collect)
+
+
+def test_tasks_that_succeed_while_a_stall_is_acted_on_fail_no_run(tmp_path, monkeypatch):
+    from test_launcher_unit import cluster_of, run
+    from test_stall import StallingLink
+    from tfcluster.stall import StallFollower
+    link = type("Link", (EndingWhileStacksAreTaken, StallingLink), {})
+    monkeypatch.setattr("test_launcher_unit.FakeLink", link)
+    monkeypatch.setattr(StallFollower, "settle_seconds", lambda self: 0.1)
+    outcome, record, console, _ = run(tmp_path, cluster_of(ps=1, workers=2), {}, stall_after=3,
+                                      on_stall="stop")
+    assert outcome is None, console
+    assert record["state"] == "succeeded" and "worker:1 ended while its stacks were taken" in console
+    assert [record["tasks"]["worker:%d" % i]["exit"] for i in (0, 1)] == [0, 0]

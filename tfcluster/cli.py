@@ -32,7 +32,9 @@ def build_parser(only=None):
     p.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
     p.add_argument("--cmd", help="your own command, run for every task with TF_CONFIG set")
     p.add_argument("--run-id", type=run_id, help="name of the run folder (default: time-example-random)")
-    p.add_argument("--detach", action="store_true", help="return once every task runs")
+    p.add_argument("--detach", action="store_true",
+                   help="return once every task runs (no stall watch: not with --stall-after or "
+                        "--on-stall)")
     p.add_argument("--timeout", type=seconds, help="stop everything after S seconds (exit 124)")
     p.add_argument("--smoke", action="store_true", help="the example's tiny, seconds-long settings")
     p.add_argument("--ps", type=count, default=argparse.SUPPRESS, help="ps tasks to use (number or 'all')")
@@ -211,6 +213,9 @@ def cmd_launch(args):
         raise UsageError("name an example (`tfcluster examples` lists them) or pass --cmd")
     if args.smoke and args.cmd:
         raise UsageError("--smoke is for built-in examples; your --cmd decides its own settings")
+    if args.detach and (args.stall_after is not None or args.on_stall is not None):
+        raise UsageError("--stall-after and --on-stall need the launcher to watch the run: drop "
+                         "them, or drop --detach")
     catalog.check_trainer_args(example, user_args)  # before anything starts
     from tfcluster import runs
     if args.resume:
@@ -255,7 +260,8 @@ def launch_planned(args, example, counts, extra_env, user_args, load_slots, plan
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
-        stall_after=args.stall_after, on_stall=args.on_stall, straggler_after=args.straggler_after)
+        stall_after=args.stall_after, on_stall=args.on_stall or "report",
+        straggler_after=args.straggler_after)
     if args.sync:
         from tfcluster import sync
         sync.sync(args.inventory)

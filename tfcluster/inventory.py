@@ -287,8 +287,7 @@ def _slot(hostname, job, host_vars, templar, folder):
         _int(get("tfcluster_gpu_count"), "tfcluster_gpu_count", hostname),
         gpu_busy_mib=_int(get("tfcluster_gpu_busy_mib", 300), "tfcluster_gpu_busy_mib", hostname),
         gpu_share=_flag(get("tfcluster_gpu_share", False), "tfcluster_gpu_share", hostname),
-        stall_after=_seconds(get("tfcluster_stall_after", 120), "tfcluster_stall_after",
-                             hostname, zero="0 turns the watch off"),
+        stall_after=_stall_after(get("tfcluster_stall_after", 120), hostname),
         fence_file="" if _flag(get("tfcluster_fenced", False), "tfcluster_fenced", hostname)
         else str(get("firewall_rules_file", FENCE_FILE)),
     )
@@ -340,6 +339,16 @@ def _seconds(value, name, hostname, zero=None):
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero):
         raise UsageError("host %s: %s must be a number of seconds above 0%s, not %r: fix %s"
                          % (hostname, name, " (%s)" % zero if zero else "", value, name))
+    return seconds
+
+
+def _stall_after(value, hostname):
+    from tfcluster_agent.stall import MIN_STALL_AFTER
+    seconds = _seconds(value, "tfcluster_stall_after", hostname, zero="0 turns the watch off")
+    if 0 < seconds < MIN_STALL_AFTER:
+        raise UsageError("host %s: tfcluster_stall_after must be 0 (off) or at least %g s (how "
+                         "often the watch looks), not %r: fix tfcluster_stall_after"
+                         % (hostname, MIN_STALL_AFTER, value))
     return seconds
 
 

@@ -30,13 +30,17 @@ def stall_cause(outcome):
 
 
 def stall_seconds(text):
-    """--stall-after: seconds, 0 to turn the watch off."""
+    """--stall-after: seconds, 0 to turn the watch off; no less than the watch can see."""
+    from tfcluster_agent.stall import MIN_STALL_AFTER
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError("expected seconds, not %r" % text) from None
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError("must be 0 (off) or more seconds, not %r" % text)
+    if 0 < value < MIN_STALL_AFTER:
+        raise argparse.ArgumentTypeError("must be 0 (off) or at least %g s (how often the watch "
+                                         "looks), not %r" % (MIN_STALL_AFTER, text))
     return value
 
 
@@ -49,7 +53,8 @@ def add_cli(sub):
                              "seconds is stalled: say so, take every task's stacks, name the "
                              "cause (default: tfcluster_stall_after, else %g; 0: off)"
                              % DEFAULT_STALL_AFTER)
-    launch.add_argument("--on-stall", choices=["report", "stop"], default="report",
+    # Default None, "report": a --detach launch tells it was given (the watch needs the launcher).
+    launch.add_argument("--on-stall", choices=["report", "stop"], default=None,
                         help="after a stall is reported: go on (report, the default) or stop "
                              "the run and fail (stop)")
     p = sub.add_parser("stacks", help="every Python thread's stack of every task of a run")
@@ -198,6 +203,15 @@ class StallFollower:
         self.diagnosed = stalled
         stacks, problems = take_stacks(self.hosts, self.cluster, self.record.id, self.record.dir)
         print_stacks(self.reporter, self.cluster, self.record.dir, stacks, problems)
+        # Tasks that ended while their stacks were taken (a success among them) stalled no run.
+        self.monitor.pump(0)
+        ended = {label for label in stalled if not self.monitor.alive(self.cluster.find(label))}
+        if ended:
+            self.reporter.note("%s ended while its stacks were taken" % ", ".join(sorted(ended)))
+            stalled -= ended
+            self.diagnosed = stalled
+            if not stalled:
+                return None
         from tfcluster.diagnose import stall_cause
         waits = self._wait_causes(stalled)
         cause = waits or stall_cause(self.cluster, self.monitor.states, self.monitor.ended_at,
