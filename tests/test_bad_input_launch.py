@@ -185,3 +185,27 @@ def test_tasks_that_succeed_while_a_stall_is_acted_on_fail_no_run(tmp_path, monk
     assert outcome is None, console
     assert record["state"] == "succeeded" and "worker:1 ended while its stacks were taken" in console
     assert [record["tasks"]["worker:%d" % i]["exit"] for i in (0, 1)] == [0, 0]
+
+
+def test_logs_of_tasks_that_printed_nothing_say_so(two_workers):
+    inventory, runs_dir = two_workers
+    tfcluster("launch", "-i", inventory, "--cmd", "true", "--run-id", "quiet", runs_dir=runs_dir,
+              check=0)
+    for argv, said in ((["quiet"], "tfcluster: run quiet: its tasks printed nothing\n"),
+                       (["quiet", "--task", "worker:1"],
+                        "tfcluster: run quiet: worker:1 printed nothing\n")):
+        logs = tfcluster("logs", *argv, runs_dir=runs_dir, check=0)
+        assert logs.stdout == said and not logs.stderr, logs.stdout + logs.stderr
+
+
+def test_the_default_runs_folder_is_not_called_runs_dir(tmp_path, capsys, monkeypatch):
+    from test_cli import run_cli
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a folder")
+    code, out, err = run_cli(capsys, "launch", "--cmd", "true", "-i", "/nonexistent.yml")
+    assert_one_line(code, err, 2, "tfcluster: error: the runs folder runs cannot hold files (it is "
+                                  "a file): run from a folder you can write to, or pass "
+                                  "--runs-dir DIR")
+    code, out, err = run_cli(capsys, "--runs-dir", "runs", "launch", "--cmd", "true")
+    assert_one_line(code, err, 2, "tfcluster: error: --runs-dir runs cannot hold files")
+    assert (tmp_path / "runs").read_text() == "not a folder"

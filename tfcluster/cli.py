@@ -15,6 +15,7 @@ except KeyboardInterrupt:  # Ctrl-C while the program loads (the console script 
     raise SystemExit(130) from None
 
 DEFAULT_INVENTORY = "inventory/local.yml"
+DEFAULT_RUNS_DIR = "runs"
 COUNT_FLAGS = (("ps", "ps"), ("worker", "workers"), ("chief", "chief"), ("evaluator", "evaluators"))
 
 
@@ -22,8 +23,8 @@ def build_parser(only=None):
     parser = Parser(prog="tfcluster", description="Distributed TensorFlow on the machines of an "
                                                   "Ansible inventory, with nothing left running.")
     parser.add_argument("--version", action="version", version="tfcluster " + __version__)
-    parser.add_argument("--runs-dir", default="runs",
-                        help="where run folders go on this machine (default: ./runs)")
+    parser.add_argument("--runs-dir", help="where run folders go on this machine (default: ./%s)"
+                        % DEFAULT_RUNS_DIR)
     sub = Commands(parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser),
                    only)
 
@@ -188,6 +189,9 @@ def main(argv=None):
         parser = build_parser(named_command(argv, COMMANDS))  # imports a command's module
         args = parser.parse_args(argv)
         args.trainer_args = trainer_args
+        # An error about the default names no --runs-dir: none was given.
+        args.runs_dir_given = args.runs_dir is not None
+        args.runs_dir = args.runs_dir if args.runs_dir_given else DEFAULT_RUNS_DIR
         if not args.command:
             parser.print_help()
             return 2
@@ -220,7 +224,12 @@ def cmd_launch(args):
     from tfcluster import runs
     if args.resume:
         runs.load(args.runs_dir, args.resume)  # a one-line error when there is no such run
-    runs.writable_dir(args.runs_dir, "--runs-dir")  # before anything starts, not after the run
+    # Before anything starts, not after the run.
+    if args.runs_dir_given:
+        runs.writable_dir(args.runs_dir, "--runs-dir")
+    else:
+        runs.writable_dir(args.runs_dir, "the runs folder", "run from a folder you can write to, "
+                          "or pass --runs-dir DIR")
     extra_env = env_file(args.env_file) if args.env_file else {}
     for item in args.env:
         name, value = env_item(item, "--env")

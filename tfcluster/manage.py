@@ -132,6 +132,7 @@ def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
             with open(path, errors="replace") as handle:
                 for line in handle.read().splitlines():
                     reporter.task_line(task, line)
+        say_if_silent(reporter, record, task_label, "")
         return 0
     shown = Cluster(chosen)
     machines = [m for m, _ in shown.machines()]
@@ -149,7 +150,14 @@ def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
             monitor.close()
     except KeyboardInterrupt:
         pass
+    say_if_silent(reporter, record, task_label, " yet" if not follow else "")
     return 0
+
+
+def say_if_silent(reporter, record, task_label, yet):
+    """A note when the logs shown had no line: an empty answer would look like a failure."""
+    if getattr(reporter, "task_lines", None) == 0:
+        reporter.note("run %s: %s printed nothing%s" % (record.id, task_label or "its tasks", yet))
 
 
 def stop(runs_dir, run_id=None, grace=10.0, reporter=None):

@@ -45,8 +45,9 @@ def check_run_id(run_id):
     return run_id
 
 
-def writable_dir(path, what):
-    """Create PATH if needed and check a file can be written there; WHAT names the option."""
+def writable_dir(path, what, fix="pass a folder you can write to"):
+    """Create PATH if needed and check a file can be written there; WHAT names the option, FIX
+    what to do instead."""
     try:
         if os.path.exists(path) and not os.path.isdir(path):
             raise NotADirectoryError("it is a file")
@@ -56,8 +57,8 @@ def writable_dir(path, what):
         os.unlink(probe)
     except OSError as err:
         reason = err.strerror or str(err)
-        raise UsageError("%s %s cannot hold files (%s): pass a folder you can write to"
-                         % (what, path, reason.lower() if reason else "not writable")) from None
+        raise UsageError("%s %s cannot hold files (%s): %s"
+                         % (what, path, reason.lower() if reason else "not writable", fix)) from None
     return path
 
 
