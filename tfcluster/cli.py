@@ -192,6 +192,9 @@ def main(argv=None):
         # An error about the default names no --runs-dir: none was given.
         args.runs_dir_given = args.runs_dir is not None
         args.runs_dir = args.runs_dir if args.runs_dir_given else DEFAULT_RUNS_DIR
+        if args.command in CACHING:
+            from tfcluster import runs
+            runs.keep_caches(args.runs_dir)
         if not args.command:
             parser.print_help()
             return 2
@@ -413,6 +416,8 @@ def cmd_tensorboard(args):
                       args.port, args.host)
 
 
+# The commands that read an inventory or start agents: tfcluster_agent/cachedir.py.
+CACHING = {"launch", "spec", "check", "gpus", "sync", "deploy", "status", "logs", "stop", "stacks"}
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
             "sync": cmd_sync, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,

@@ -126,7 +126,6 @@ def _parse_failure_reason(warnings):
     return "not valid YAML or INI inventory"
 
 
-CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "tfcluster")
 # Templates whose value can change while the files do not: such inventories are read every time.
 VOLATILE = re.compile(rb"lookup\(|query\(|\bq\(|now\(|random|^\s*plugin\s*:", re.M)
 
@@ -146,9 +145,12 @@ def load_slots(path):
 
     Reading an inventory costs over a second of ansible-core imports, more than the rest of a
     launch's overhead: the slots of an inventory whose files have not changed (and that uses no
-    lookups, plugins or scripts) come from a cache in ~/.cache/tfcluster."""
+    lookups, plugins or scripts) come from tfcluster's cache folder (~/.cache/tfcluster:
+    tfcluster_agent/cachedir.py)."""
+    from tfcluster_agent.cachedir import home_cache
     key = _cache_key(path)
-    cache = os.path.join(CACHE_DIR, "inventory-%s.pickle" % key) if key else None
+    folder = home_cache() if key else None
+    cache = os.path.join(folder, "inventory-%s.pickle" % key) if folder else None
     if cache:
         try:
             with open(cache, "rb") as handle:
@@ -158,21 +160,20 @@ def load_slots(path):
     slots = read_slots(path)
     if cache:
         try:
-            os.makedirs(CACHE_DIR, exist_ok=True)
             tmp = "%s.%d.tmp" % (cache, os.getpid())
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
                 pickle.dump(slots, handle)
             os.replace(tmp, cache)
         except OSError:
             pass  # no cache, no harm
-        _prune_cache()
+        _prune_cache(folder)
     return slots
 
 
-def _prune_cache(keep=100):
+def _prune_cache(folder, keep=100):
     """Only the KEEP newest cached inventories stay: each edit of an inventory writes another."""
     try:
-        paths = [os.path.join(CACHE_DIR, name) for name in os.listdir(CACHE_DIR)
+        paths = [os.path.join(folder, name) for name in os.listdir(folder)
                  if name.startswith("inventory-") and name.endswith(".pickle")]
         if len(paths) > keep:
             for path in sorted(paths, key=os.path.getmtime)[:-keep]:

@@ -82,6 +82,28 @@ def folder_for(path, what):
         raise
 
 
+def keep_caches(runs_dir):
+    """Without a home that can hold tfcluster's cache (tfcluster_agent/cachedir.py), a private
+    folder under RUNS_DIR is the cache of this command and of the local agents it starts
+    (XDG_CACHE_HOME, which they inherit), and without a usable home Ansible and Keras get
+    theirs there (ANSIBLE_HOME, KERAS_HOME: each would fail, or as root make the missing home).
+    The warning says so, once."""
+    from tfcluster_agent import cachedir
+    folder, warning = cachedir.cache_folder(os.path.abspath(os.path.join(runs_dir, ".cache")))
+    if warning:
+        print("tfcluster: warning: " + warning, file=sys.stderr, flush=True)
+        if folder:
+            os.environ["XDG_CACHE_HOME"] = os.path.dirname(folder)
+    if cachedir.home() is None:
+        cachedir.keep_keras_home(folder)
+        if "ANSIBLE_HOME" not in os.environ and "ANSIBLE_LOCAL_TMP" not in os.environ:
+            if folder:
+                os.environ["ANSIBLE_HOME"] = os.path.join(folder, "ansible")
+            else:  # Ansible makes (and removes) a private folder of its own in it
+                import tempfile
+                os.environ["ANSIBLE_LOCAL_TMP"] = tempfile.gettempdir()
+
+
 def save(record):
     """Write RECORD's run.json: the one place a run record is written."""
     if not record.claimed:
