@@ -211,31 +211,33 @@ def test_the_default_runs_folder_is_not_called_runs_dir(tmp_path, capsys, monkey
     assert (tmp_path / "runs").read_text() == "not a folder"
 
 
-@pytest.mark.parametrize("home_is", ["missing", "read-only"])
-def test_a_home_that_cannot_hold_the_cache(two_workers, tmp_path, home_is):
+@pytest.mark.parametrize("home_is, command", [("missing", ["launch", "--plain", "--cmd", "true"]),
+                                              ("read-only", ["spec"])],
+                         ids=["missing-launch", "read-only-spec"])
+def test_a_home_that_cannot_hold_the_cache(two_workers, tmp_path, home_is, command):
     """Warned once; the cache goes to a private folder under the runs folder, where the next
-    launch finds TensorFlow's version (no import) and the inventory read; the home is never
-    created (as root, a makedirs would: ours, Ansible's, Keras')."""
+    command finds the inventory read and a launch TensorFlow's version (no import); the home is
+    never created nor written (as root, a makedirs would: ours, Ansible's, Keras')."""
     from test_bad_input_files import read_only
     inventory, runs_dir = two_workers
     home = tmp_path / "home"
     argv = ["env", "HOME=%s" % home, "XDG_CACHE_HOME=", sys.executable, "-m", "tfcluster",
-            "--runs-dir", runs_dir, "launch", "-i", inventory, "--plain", "--cmd", "true"]
-    if home_is == "read-only":
-        home.mkdir()
+            "--runs-dir", runs_dir, command[0], "-i", inventory, *command[1:]]
     cache = os.path.join(runs_dir, ".cache", "tfcluster")
     if home_is == "missing":
         proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     else:
+        home.mkdir()
         proc = read_only(home, argv)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stderr == "tfcluster: warning: HOME %s %s: tfcluster caches in %s (set " \
         "XDG_CACHE_HOME for another place)\n" % (
             home, "does not exist" if home_is == "missing" else "cannot be written",
             os.path.abspath(cache)), proc.stderr
-    assert "warning" not in proc.stdout, proc.stdout  # the local agent found the same cache
+    assert "warning" not in proc.stdout, proc.stdout  # a local agent found the same cache
     assert not home.exists() if home_is == "missing" else not os.listdir(home)
     cached = os.listdir(cache)
-    assert any(n.startswith(".preflight-") for n in cached), cached  # TensorFlow's version
     assert any(n.startswith("inventory-") for n in cached), cached
+    if command[0] == "launch":
+        assert any(n.startswith(".preflight-") for n in cached), cached  # TensorFlow's version
     assert os.stat(cache).st_mode & 0o077 == 0  # private
