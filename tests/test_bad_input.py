@@ -35,6 +35,8 @@ def inventory(tmp_path, host_vars):
     ("tfcluster_connect_timeout: .nan", "tfcluster_connect_timeout must be a number of seconds"),
     ("tfcluster_port: true", "host w0: tfcluster_port must be a whole number, not 'true'"),
     ("tfcluster_gpus: [-1]", "host w0: tfcluster_gpus lists GPU -1, but ids start at 0"),
+    ("tfcluster_stall_after: 0.5", "host w0: tfcluster_stall_after must be 0 (off) or at least "
+                                   "1 s (how often the watch looks), not 0.5"),
     ("tfcluster_gpus: [0, 0]", "host w0: tfcluster_gpus lists a GPU twice"),
     ("tfcluster_data_dir: data", "host w0: tfcluster_data_dir must be an absolute path, not 'data'"),
     ('tfcluster_workdir: "/srv/a\\nb"', "host w0: tfcluster_workdir '/srv/a\\nb' contains a control"),
@@ -82,11 +84,23 @@ def test_cluster_spec_hosts(capsys, text, message):
     (["launch", "mnist_replica", "--run-id", "abc\n"], "argument --run-id: run id 'abc\\n' may only"),
     (["launch", "mnist_replica", "--run-id", "../x"], "argument --run-id: run id '../x' may only"),
     (["status", "abc\n"], "run id 'abc\\n' may only use"),
+    # An empty id (a script's unset variable) is no "newest run": leaving it out is.
+    (["stop", ""], "argument run: the run id is empty: give one, or leave the argument out"),
+    (["status", ""], "argument run: the run id is empty"),
+    (["logs", ""], "argument run: the run id is empty"),
+    (["stacks", ""], "argument run: the run id is empty"),
+    (["plot", "a", ""], "argument RUN: the run id is empty"),
+    (["tensorboard", ""], "argument RUN: the run id is empty"),
+    (["launch", "--cmd", "true", "--resume", ""], "argument --resume: the run id is empty"),
+    (["launch", "--cmd", "true", "--run-id", ""], "argument --run-id: the run id is empty"),
+    # A long one is shortened in the message.
+    (["logs", "x" * 5000], "run id '%s... (5000 characters)' may only use" % ("x" * 40)),
 ])
 def test_argument_types(tmp_path, capsys, argv, message):
     runs_dir = tmp_path / "runs"
     code, _, err = run(capsys, "--runs-dir", str(runs_dir), *argv)
     assert_usage_error(code, err, message)
+    assert len(err) < 400, err
     assert not runs_dir.exists()
 
 

@@ -206,7 +206,7 @@ def test_installed_wheel_inits_and_finds_its_wheelhouse_inputs(installed):
     proc = in_installed(installed, "-m", "tfcluster", "init", "cluster", "--sample")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert os.path.isfile(os.path.join(work, "cluster", "group_vars", "all", "connection.yml"))
-    program = ("import argparse; from tfcluster import wheelhouse as w; "
+    program = ("import argparse; from tfcluster.deploy import wheelhouse as w; "
                "a = w.complete(w.add_arguments(argparse.ArgumentParser()).parse_args([]), "
                "w.Content()); print(a.dest, a.constraints, a.requirements, a.tf_version)")
     proc = in_installed(installed, "-c", program)

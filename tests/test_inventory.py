@@ -223,10 +223,9 @@ def test_sample_data_network_example_works_uncommented(tmp_path):
 
 def test_the_inventory_cache_keeps_only_the_newest(tmp_path, monkeypatch):
     import os
-    from tfcluster.hosts import inventory as inventory_module
-    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache = tmp_path / "tfcluster"
     cache.mkdir()
-    monkeypatch.setattr(inventory_module, "CACHE_DIR", str(cache))
     for i in range(105):  # older than anything written now
         old = cache / ("inventory-old%03d.pickle" % i)
         old.write_bytes(b"")

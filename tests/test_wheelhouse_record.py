@@ -12,6 +12,7 @@ import pytest
 from support import REPO
 from tfcluster.deploy import wheelhouse
 from tfcluster.deploy import wheelrecord
+from tfcluster.errors import CommandFailed
 
 FAKE_PIP = r'''
 import os, sys
@@ -129,7 +130,9 @@ def test_a_failed_pip_leaves_no_record(house):
     assert house.run() == 0
     change_constraints(house)
     (house.pip / "fail").write_text("")
-    assert house.run() == 1
+    with pytest.raises(CommandFailed, match=r"^pip download failed \(exit code 1\)$") as failed:
+        house.run()
+    assert failed.value.exit_code == 1
     assert house.calls() == 3  # stopped at the first download
     assert not (house.dest / wheelrecord.RECORD).exists()
     # The same inputs as the first run: the failed download came between, so pip runs.

@@ -1,3 +1,6 @@
-from tfcluster.cli.main import run
+try:
+    from tfcluster.cli.main import run
+except KeyboardInterrupt:  # Ctrl-C while the program loads: no traceback
+    raise SystemExit(130) from None
 
 run()

@@ -39,6 +39,14 @@ class RunFailed(TfclusterError):
         self.task = task
 
 
+class CommandFailed(TfclusterError):
+    """A program run for the user (pip) failed; its exit code is tfcluster's."""
+
+    def __init__(self, message, exit_code=1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class RunTimedOut(TfclusterError):
     exit_code = 124
 

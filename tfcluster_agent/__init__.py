@@ -7,8 +7,10 @@ def main(argv):
     (tfcluster/hosts/links.py) and what `python -B ROOT/tfcluster_agent serve` runs (__main__.py)."""
     import os
     import sys
-    sys.pycache_prefix = sys.pycache_prefix or os.path.join(
-        os.path.expanduser("~"), ".cache", "tfcluster", "pycache")
-    sys.dont_write_bytecode = False
+    if not sys.pycache_prefix:
+        from tfcluster_agent.cachedir import home_cache
+        folder = home_cache()  # None without a usable home: nothing compiled is kept
+        sys.pycache_prefix = folder and os.path.join(folder, "pycache")
+    sys.dont_write_bytecode = not sys.pycache_prefix
     from tfcluster_agent.commands import main as run
     run(argv)

@@ -97,9 +97,13 @@ class Agent(ReachRequests, TaskWatching):
     def on_preflight(self, msg):
         from tfcluster_agent.hostinfo import preflight_report
         self.close_listeners()  # a preflight again (launch --wait): its ports are checked anew
-        report = preflight_report(msg.python, msg.ports, msg.code_dir, msg.cache_dir or None,
-                                  msg.datasets, msg.nvidia_smi,
-                                  lambda: set(self.gpu_claims.held))
+        cache, warning = msg.cache_dir or None, None
+        if msg.cache_dir.startswith("~"):  # this host's own cache folder
+            from tfcluster_agent.cachedir import cache_folder
+            cache, warning = cache_folder(msg.workdir and os.path.join(msg.workdir, ".cache"))
+        report = preflight_report(msg.python, msg.ports, msg.code_dir, cache, msg.datasets,
+                                  msg.nvidia_smi, lambda: set(self.gpu_claims.held))
+        report["cache_warning"] = warning
         report["port_holders"] = self.claims.claim(
             [int(p) for p in msg.ports], "a launch in its preflight, agent pid %d" % os.getpid())
         for port in report["port_holders"]:

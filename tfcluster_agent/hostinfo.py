@@ -194,6 +194,8 @@ def python_report(python, cache_dir=None, import_seconds=120):
     # As the trainers import it (bootstrap.import_tensorflow): without Keras 3 or tf-keras's
     # optimizers, without the cycle collector's passes over the import's objects.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
+    from tfcluster_agent.cachedir import keep_keras_home
+    keep_keras_home(cache_dir, env)
     try:
         out = subprocess.run([python, "-c", probe], capture_output=True, text=True,
                              timeout=import_seconds, env=env)

@@ -142,7 +142,7 @@ class Preflight:
     python: str
     ports: list
     code_dir: str
-    cache_dir: str = ""
+    cache_dir: str = ""  # "~": the host's cache folder (cachedir.py); "": none
     # [data set, folder] pairs the machine's tasks read from disk (trainers/datafiles.py).
     datasets: list = field(default_factory=list)
     nvidia_smi: str = ""  # the GPU query's program ("": nvidia-smi on the agent's PATH)

@@ -3,18 +3,22 @@
 Exit codes: 0 success, 1 run failed, 2 usage or bad input, 3 preflight failed,
 124 --timeout, 130 interrupted.
 """
-import argparse
-import importlib
-import os
-import sys
+try:
+    import argparse
+    import importlib
+    import os
+    import sys
 
-from tfcluster import __version__
-from tfcluster.cli.parse import (Commands, Parser, count, named_command, run_id, seconds,
-                                 stall_seconds, threads)
-from tfcluster.diagnosis.stall import DEFAULT_STALL_AFTER
-from tfcluster.errors import TfclusterError, UsageError
+    from tfcluster import __version__
+    from tfcluster.cli.parse import (Commands, Parser, count, named_command, run_id, seconds,
+                                     stall_seconds, threads)
+    from tfcluster.diagnosis.stall import DEFAULT_STALL_AFTER
+    from tfcluster.errors import TfclusterError, UsageError
+except KeyboardInterrupt:  # Ctrl-C while the program loads (the console script imports us)
+    raise SystemExit(130) from None
 
 DEFAULT_INVENTORY = "inventory/local.yml"
+DEFAULT_RUNS_DIR = "runs"
 # The commands whose module adds its own arguments and does the work, imported only when it runs.
 COMMAND_MODULES = {"init": "tfcluster.cli.init", "wheelhouse": "tfcluster.deploy.wheelhouse",
                    "deploy": "tfcluster.deploy.playbook"}
@@ -25,8 +29,8 @@ def build_parser(only=None):
     parser = Parser(prog="tfcluster", description="Distributed TensorFlow on the machines of an "
                                                   "Ansible inventory, with nothing left running.")
     parser.add_argument("--version", action="version", version="tfcluster " + __version__)
-    parser.add_argument("--runs-dir", default="runs",
-                        help="where run folders go on this machine (default: ./runs)")
+    parser.add_argument("--runs-dir", help="where run folders go on this machine (default: ./%s)"
+                        % DEFAULT_RUNS_DIR)
     sub = Commands(parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser),
                    only)
 
@@ -35,7 +39,9 @@ def build_parser(only=None):
     p.add_argument("-i", "--inventory", default=DEFAULT_INVENTORY)
     p.add_argument("--cmd", help="your own command, run for every task with TF_CONFIG set")
     p.add_argument("--run-id", type=run_id, help="name of the run folder (default: time-example-random)")
-    p.add_argument("--detach", action="store_true", help="return once every task runs")
+    p.add_argument("--detach", action="store_true",
+                   help="return once every task runs (no stall watch: not with --stall-after or "
+                        "--on-stall)")
     p.add_argument("--timeout", type=seconds, help="stop everything after S seconds (exit 124)")
     p.add_argument("--smoke", action="store_true", help="the example's tiny, seconds-long settings")
     p.add_argument("--ps", type=count, default=argparse.SUPPRESS, help="ps tasks to use (number or 'all')")
@@ -44,7 +50,8 @@ def build_parser(only=None):
     p.add_argument("--evaluators", type=count, default=argparse.SUPPRESS, help="evaluator tasks to use")
     p.add_argument("--success", choices=["chief", "worker0", "all_workers"],
                    help="with --cmd: which tasks must exit 0 (default: chief, else worker 0)")
-    p.add_argument("--resume", metavar="RUN", help="restore the chief from RUN's checkpoints")
+    p.add_argument("--resume", metavar="RUN", type=run_id,
+                   help="restore the chief from RUN's checkpoints")
     p.add_argument("--intra-op-threads", type=threads, help="per task (default: cores / tasks per host)")
     p.add_argument("--inter-op-threads", type=threads, help="per task (default: 1 or 2)")
     p.add_argument("--start-timeout", type=seconds, default=60.0,
@@ -113,13 +120,13 @@ def build_parser(only=None):
     sub.add_parser("examples", help="list the built-in examples")
 
     p = sub.add_parser("status", help="tasks of a run and their state")
-    p.add_argument("run", nargs="?", help="run id (default: the newest)")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest)")
     p = sub.add_parser("logs", help="print a run's logs")
-    p.add_argument("run", nargs="?", help="run id (default: the newest)")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest)")
     p.add_argument("--task", help="only this task, e.g. worker:1")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until tasks end")
     p = sub.add_parser("stop", help="stop every task of a run, collect its logs")
-    p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
     p.add_argument("--grace", type=seconds, default=10.0)
     sub.add_parser("runs", help="list past and current runs")
     launch = sub.choices["launch"]
@@ -128,21 +135,23 @@ def build_parser(only=None):
                              "seconds is stalled: say so, take every task's stacks, name the "
                              "cause (default: tfcluster_stall_after, else %g; 0: off)"
                              % DEFAULT_STALL_AFTER)
-    launch.add_argument("--on-stall", choices=["report", "stop"], default="report",
+    # Default None, "report": a --detach launch tells it was given (the watch needs the launcher).
+    launch.add_argument("--on-stall", choices=["report", "stop"], default=None,
                         help="after a stall is reported: go on (report, the default) or stop "
                              "the run and fail (stop)")
     launch.add_argument("--straggler-after", type=seconds, default=30.0, metavar="S",
                         help="mark a worker whose step rate stays under half its peers' median "
                              "for S seconds (default 30)")
     p = sub.add_parser("stacks", help="every Python thread's stack of every task of a run")
-    p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
 
     p = sub.add_parser("plot", help="draw loss and examples/s of runs into one SVG")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, overlaid")
+    p.add_argument("runs", nargs="+", metavar="RUN", type=run_id, help="run ids, overlaid")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="SVG to write (default: RUN's metrics.svg, or ./metrics-compare.svg)")
     p = sub.add_parser("tensorboard", help="serve runs' TensorBoard event files")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run ids, each named by its id")
+    p.add_argument("runs", nargs="+", metavar="RUN", type=run_id,
+                   help="run ids, each named by its id")
     p.add_argument("--port", type=int, default=6006, help="default 6006")
     p.add_argument("--host", help="address to listen on (default: TensorBoard's, localhost)")
 
@@ -169,7 +178,10 @@ def run():
     """The program (console script, `python -m tfcluster`): main(), then the process ends
     without the interpreter's shutdown, 7 ms of every command's. Each command closes what it
     opened; the standard streams are flushed here."""
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C before main's own handler: no traceback either
+        code = 130
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -178,18 +190,33 @@ def run():
     os._exit(code)
 
 
+def replace_unencodable(streams):
+    """A character the terminal cannot encode shows as '?' instead of ending the command (a
+    launch mid-run): the tasks' logs keep their bytes."""
+    for stream in streams:
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+
+
 def main(argv=None):
+    replace_unencodable((sys.stdout, sys.stderr))
     argv = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare `--` goes to the trainer untouched.
     trainer_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
-    parser = build_parser(named_command(argv, COMMANDS))
-    args = parser.parse_args(argv)
-    args.trainer_args = trainer_args
-    if not args.command:
-        parser.print_help()
-        return 2
     try:
+        parser = build_parser(named_command(argv, COMMANDS))  # imports a command's module
+        args = parser.parse_args(argv)
+        args.trainer_args = trainer_args
+        # An error about the default names no --runs-dir: none was given.
+        args.runs_dir_given = args.runs_dir is not None
+        args.runs_dir = args.runs_dir if args.runs_dir_given else DEFAULT_RUNS_DIR
+        if args.command in CACHING:
+            from tfcluster.runs import store as runs
+            runs.keep_caches(args.runs_dir)
+        if not args.command:
+            parser.print_help()
+            return 2
         return COMMANDS[args.command](args) or 0
     except TfclusterError as err:
         print("tfcluster: error: %s" % err, file=sys.stderr, flush=True)
@@ -212,10 +239,19 @@ def cmd_launch(args):
         raise UsageError("name an example (`tfcluster examples` lists them) or pass --cmd")
     if args.smoke and args.cmd:
         raise UsageError("--smoke is for built-in examples; your --cmd decides its own settings")
+    if args.detach and (args.stall_after is not None or args.on_stall is not None):
+        raise UsageError("--stall-after and --on-stall need the launcher to watch the run: drop "
+                         "them, or drop --detach")
+    catalog.check_trainer_args(example, user_args)  # before anything starts
     from tfcluster.runs import store as runs
     if args.resume:
         runs.load(args.runs_dir, args.resume)  # a one-line error when there is no such run
-    runs.writable_dir(args.runs_dir, "--runs-dir")  # before anything starts, not after the run
+    # Before anything starts, not after the run.
+    if args.runs_dir_given:
+        runs.writable_dir(args.runs_dir, "--runs-dir")
+    else:
+        runs.writable_dir(args.runs_dir, "the runs folder", "run from a folder you can write to, "
+                          "or pass --runs-dir DIR")
     extra_env = env_file(args.env_file) if args.env_file else {}
     for item in args.env:
         name, value = env_item(item, "--env")
@@ -255,7 +291,8 @@ def launch_planned(args, example, counts, extra_env, user_args, load_slots, plan
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
-        stall_after=args.stall_after, on_stall=args.on_stall, straggler_after=args.straggler_after)
+        stall_after=args.stall_after, on_stall=args.on_stall or "report",
+        straggler_after=args.straggler_after)
     if args.sync:
         from tfcluster.deploy import sync
         sync.sync(args.inventory)
@@ -399,11 +436,13 @@ def cmd_tensorboard(args):
                       args.port, args.host)
 
 
-
 def cmd_stacks(args):
     from tfcluster.cli import manage
     return manage.stacks(args.runs_dir, args.run)
 
+
+# The commands that read an inventory or start agents: tfcluster_agent/cachedir.py.
+CACHING = {"launch", "spec", "check", "gpus", "sync", "deploy", "status", "logs", "stop", "stacks"}
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
             "sync": cmd_sync, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,

@@ -34,7 +34,8 @@ def cluster_from_record(record):
 
 
 def pick(runs_dir, run_id, active_only=False):
-    return runs.load(runs_dir, run_id) if run_id else runs.latest(runs_dir, active_only)
+    # None (no argument) is the newest; an empty id is refused by runs.load.
+    return runs.latest(runs_dir, active_only) if run_id is None else runs.load(runs_dir, run_id)
 
 
 def attach(hosts, cluster, run_id, from_start):
@@ -134,6 +135,7 @@ def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
             with open(path, errors="replace") as handle:
                 for line in handle.read().splitlines():
                     reporter.task_line(task, line)
+        say_if_silent(reporter, record, task_label, "")
         return 0
     shown = Cluster(chosen)
     machines = [m for m, _ in shown.machines()]
@@ -151,7 +153,14 @@ def logs(runs_dir, run_id, task_label=None, follow=False, reporter=None):
             monitor.close()
     except KeyboardInterrupt:
         pass
+    say_if_silent(reporter, record, task_label, " yet" if not follow else "")
     return 0
+
+
+def say_if_silent(reporter, record, task_label, yet):
+    """A note when the logs shown had no line: an empty answer would look like a failure."""
+    if getattr(reporter, "task_lines", None) == 0:
+        reporter.note("run %s: %s printed nothing%s" % (record.id, task_label or "its tasks", yet))
 
 
 def stop(runs_dir, run_id=None, grace=10.0, reporter=None):

@@ -141,11 +141,15 @@ def named_command(argv, commands):
 
 
 def stall_seconds(text):
-    """--stall-after: seconds, 0 to turn the watch off."""
+    """--stall-after: seconds, 0 to turn the watch off; no less than the watch can see."""
+    from tfcluster_agent.stall import MIN_STALL_AFTER
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError("expected seconds, not %r" % text) from None
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError("must be 0 (off) or more seconds, not %r" % text)
+    if 0 < value < MIN_STALL_AFTER:
+        raise argparse.ArgumentTypeError("must be 0 (off) or at least %g s (how often the watch "
+                                         "looks), not %r" % (MIN_STALL_AFTER, text))
     return value

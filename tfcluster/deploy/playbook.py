@@ -107,15 +107,34 @@ def playbook_env(collections_dir, root, environ=None):
     return env
 
 
-def check_inventory(inventory):
-    # "host1,host2," is an inline host list, not a file.
-    if "," not in inventory and not os.path.exists(inventory):
+# The playbooks that provision the machines of slots with tfcluster_deploy true, and their verb.
+PROVISIONING = {"deploy": "deploy", "teardown": "tear down"}
+
+
+def check_inventory(inventory, playbook="deploy"):
+    """A UsageError, before Ansible starts, for an inventory that is not there or does not parse
+    (as `tfcluster spec` says it), or that leaves PLAYBOOK nothing to provision."""
+    if "," in inventory:  # "host1,host2,": an inline host list, not a file
+        return
+    if not os.path.exists(inventory):
         raise UsageError("inventory %s: no such file or folder (pass -i INVENTORY, e.g. the "
                          "hosts.yml that `tfcluster init` writes)" % inventory)
+    from tfcluster.hosts.inventory import load_slots
+    slots = load_slots(inventory)
+    if playbook not in PROVISIONING:
+        return
+    if not slots:
+        raise UsageError("inventory %s has no hosts in ps, worker, chief or evaluator groups: "
+                         "nothing to %s (start from inventory/sample/hosts.yml)"
+                         % (inventory, PROVISIONING[playbook]))
+    if not any(slot.deploy for slot in slots):
+        raise UsageError("inventory %s: every slot has tfcluster_deploy: false, so there is "
+                         "nothing to %s: set tfcluster_deploy: true for the machines to provision"
+                         % (inventory, PROVISIONING[playbook]))
 
 
 def run(args):
-    check_inventory(args.inventory)
+    check_inventory(args.inventory, args.playbook)
     collections_dir, root = find_content()
     print("tfcluster: ansible-playbook %s"
           % shown(playbook_command(args, collections_dir, root)[4:]), flush=True)

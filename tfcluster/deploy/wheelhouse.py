@@ -49,11 +49,13 @@ import argparse
 import os
 
 import re
+import shutil
 import sys
 import time
 
 import tfcluster
 from tfcluster.deploy.playbook import controller_dir, find_content
+from tfcluster.errors import TfclusterError, UsageError
 
 # The header line the tensorflow role checks against tensorflow_version.
 HEADER = "# tfcluster_tf_version: %s"
@@ -103,8 +105,11 @@ def add_arguments(parser):
     parser.description = ("Download the wheels for an offline TensorFlow install on the hosts "
                           "(tensorflow_install_mode=offline) and pack their venv.")
     parser.add_argument("--lock", action="store_true",
-                        help="resolve and pin every package (no download) into --constraints")
-    parser.add_argument("--constraints", help="the constraints file (default: the roles')")
+                        help="resolve and pin every package (no download) into --constraints, "
+                             "a new file or the one there")
+    parser.add_argument("--constraints",
+                        help="the constraints file (default: the roles'); it must exist, unless "
+                             "--lock writes it")
     parser.add_argument("--dest", help="folder to fill (default: wheelhouse/ in the folder "
                         "`tfcluster deploy` reads: a checkout's root, else the current folder)")
     parser.add_argument("--gpu", action="store_true",
@@ -145,6 +150,9 @@ def complete(args, content):
         if getattr(args, name) is None:
             setattr(args, name, getattr(content, name))
     args.tf_version = args.tf_version or content.tf_version()
+    if args.pip is not None and not (args.pip.split() and shutil.which(args.pip.split()[0])):
+        raise UsageError("--pip %r: no such program: pass a pip command that runs here, e.g. "
+                         "--pip 'python3 -m pip'" % args.pip)
     args.pip = args.pip.split() if args.pip else content.pip()
     args.venv_pack = content.venv_pack
     args.pack_cache = args.pack_cache or os.environ.get(PACK_CACHE_ENV) or None
@@ -212,77 +220,78 @@ def locked_version(path):
 def lock(args):
     import json
     import tempfile
+    from tfcluster.runs.store import folder_for
     from tfcluster.deploy.wheelpack import call
-    with tempfile.TemporaryDirectory() as tmp:
+    with folder_for(os.path.dirname(os.path.abspath(args.constraints)), "--constraints' folder"), \
+            tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
         cmd = lock_command(args, report)
-        code = call(cmd, "pip could not resolve the packages")
-        if code != 0:
-            return code
+        call(cmd, "pip could not resolve the packages")
         try:
             with open(report) as handle:
                 text = constraints_text(args, json.load(handle))
         except (OSError, ValueError, KeyError) as error:
-            print("wheelhouse: pip wrote no usable report (%s): is %s a pip >= 23?"
-                  % (error, " ".join(cmd[:3])), file=sys.stderr)
-            return 1
-    os.makedirs(os.path.dirname(os.path.abspath(args.constraints)), exist_ok=True)
-    with open(args.constraints, "w") as handle:
-        handle.write(text)
+            raise TfclusterError("pip wrote no usable report (%s): is %s a pip >= 23?"
+                                 % (error, " ".join(cmd[:3]))) from None
+        try:
+            with open(args.constraints + ".tmp", "w") as handle:
+                handle.write(text)
+            os.replace(args.constraints + ".tmp", args.constraints)
+        except OSError as error:
+            raise UsageError("cannot write --constraints %s (%s): pass a file you can write"
+                             % (args.constraints, error.strerror or error)) from None
     print("wheelhouse: %d packages pinned in %s" % (text.count("=="), args.constraints))
     return 0
 
 
 def main(argv=None, prog="wheelhouse"):
     """scripts/wheelhouse: the same command with its own parser."""
-    return run(add_arguments(argparse.ArgumentParser(prog=prog)).parse_args(argv))
+    try:
+        return run(add_arguments(argparse.ArgumentParser(prog=prog)).parse_args(argv))
+    except TfclusterError as error:
+        print("%s: error: %s" % (prog, error), file=sys.stderr)
+        return error.exit_code
 
 
 def run(args):
+    """The command; a TfclusterError (UsageError: nothing was done) when it cannot be done."""
     content = Content()
     if args.lock and content.installed and args.constraints is None:
-        print("wheelhouse: --lock rewrites the constraints file the deploy installs with, which "
-              "belongs to the installed tfcluster: run it in a checkout, or pass --constraints "
-              "FILE", file=sys.stderr)
-        return 2
+        raise UsageError("--lock rewrites the constraints file the deploy installs with, which "
+                         "belongs to the installed tfcluster: run it in a checkout, or pass "
+                         "--constraints FILE")
     args = complete(args, content)
     if not args.tf_version:
-        print("wheelhouse: cannot read tfcluster_tf_version from %s: pass --tf-version"
-              % content.defaults, file=sys.stderr)
-        return 2
+        raise UsageError("cannot read tfcluster_tf_version from %s: pass --tf-version"
+                         % content.defaults)
     if not args.cpu and not args.gpu:
-        print("wheelhouse: --no-cpu without --gpu downloads nothing", file=sys.stderr)
-        return 2
+        raise UsageError("--no-cpu without --gpu downloads nothing: drop --no-cpu or add --gpu")
     for path in (args.requirements, args.no_deps_requirements):
         if not os.path.isfile(path):
-            print("wheelhouse: no requirements file %s" % path, file=sys.stderr)
-            return 2
-    if args.lock or locked_version(args.constraints) != args.tf_version:
-        code = lock(args)
-        if code != 0 or args.lock:
-            return code
-    os.makedirs(args.dest, exist_ok=True)
-    if not (args.pack and args.pack_cache):
-        return download_and_pack(args)
-    try:
-        os.makedirs(args.pack_cache, exist_ok=True)
-    except OSError as error:
-        print("wheelhouse: cannot use the pack cache %s (%s): pass another --pack-cache or unset %s"
-              % (args.pack_cache, error.strerror, PACK_CACHE_ENV), file=sys.stderr)
-        return 2
-    # Held from the download on: the second of two wheelhouses started together finds the
-    # first's pack in the cache instead of building the same one beside it.
-    from tfcluster.deploy.packcache import locked
-    with locked(args.pack_cache):
-        return download_and_pack(args)
+            raise UsageError("no requirements file %s: pass the path of one" % path)
+    if args.lock:
+        return lock(args)
+    if not os.path.isfile(args.constraints):  # a mistyped path must not start a full lock
+        raise UsageError("no constraints file %s: check the path, or pass --lock to write a new "
+                         "one" % args.constraints)
+    from tfcluster.runs.store import folder_for
+    with folder_for(args.dest, "--dest"):
+        if locked_version(args.constraints) != args.tf_version:
+            lock(args)
+        if not (args.pack and args.pack_cache):
+            return download_and_pack(args)
+        with folder_for(args.pack_cache, "the pack cache (--pack-cache or $%s)" % PACK_CACHE_ENV):
+            # Held from the download on: the second of two wheelhouses started together finds
+            # the first's pack in the cache instead of building the same one beside it.
+            from tfcluster.deploy.packcache import locked
+            with locked(args.pack_cache):
+                return download_and_pack(args)
 
 
 def download_and_pack(args):
     # Here, not at the top: `tfcluster` builds every command's parser (add_arguments) each start.
     from tfcluster.deploy.wheelpack import build_pack
-    code = download(args)
-    if code != 0:
-        return code
+    download(args)
     return build_pack(args) if args.pack else 0
 
 
@@ -300,9 +309,7 @@ def download(args):
         return 0
     wheelrecord.forget(args.dest)
     for cmd in (pip_command(args), no_deps_command(args)):
-        code = call(cmd, "pip download failed")
-        if code != 0:
-            return code
+        call(cmd, "pip download failed")
     wheels = wheelrecord.write(args.dest, inputs)
     print("wheelhouse: %d wheels, %.0f MB in %s (%.0f s)"
           % (len(wheels), sum(wheels.values()) / 1e6, args.dest, time.monotonic() - started))

@@ -12,11 +12,11 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
 from tfcluster.deploy import packcache
+from tfcluster.errors import CommandFailed, TfclusterError, UsageError
 from tfcluster_agent.jsonc import load_file
 
 # The packed environment in DEST: the archive and its metadata (tensorflow_pack_metadata).
@@ -90,12 +90,15 @@ def python_version(python):
 
 
 def call(cmd, failure):
-    """CMD's exit code; the command is shown first, FAILURE with the code when it fails."""
+    """Run CMD, shown first; a CommandFailed saying FAILURE with its exit code when it fails."""
     print("wheelhouse: " + " ".join(cmd), flush=True)
-    code = subprocess.call(cmd)
+    try:
+        code = subprocess.call(cmd)
+    except OSError as error:
+        raise UsageError("%s: cannot run %s: %s" % (failure, cmd[0], error.strerror or error)) \
+            from None
     if code != 0:
-        print("wheelhouse: %s (exit code %d)" % (failure, code), file=sys.stderr)
-    return code
+        raise CommandFailed("%s (exit code %d)" % (failure, code), code)
 
 
 def matching_pack(folder, wanted):
@@ -161,15 +164,12 @@ def build_pack(args):
             steps.append([python, "-m", "pip", "install", "--no-deps"] + source
                          + wanted["inputs"]["no_deps"])
         for cmd in steps:
-            code = call(cmd, "building the packed environment failed")
-            if code != 0:
-                return code
+            call(cmd, "building the packed environment failed")
         # Inside the build folder until whole: a failure leaves no 400 MB part in DEST.
         partial = os.path.join(build, PACK_ARCHIVE + ".part")
         failure = pack_folder(venv, partial, zstd_module)
         if failure:
-            print("wheelhouse: packing %s failed: %s" % (venv, failure), file=sys.stderr)
-            return 1
+            raise TfclusterError("packing %s failed: %s" % (venv, failure))
         digest = hashlib.sha256()
         with open(partial, "rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):

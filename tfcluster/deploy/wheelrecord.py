@@ -12,6 +12,7 @@ import os
 import shutil
 
 from tfcluster.data.fetch import sha256_of
+from tfcluster.errors import UsageError
 
 RECORD = "wheelhouse.json"
 
@@ -85,10 +86,14 @@ def up_to_date(dest, wanted):
 
 def forget(dest):
     """No record while pip runs: a download that fails or is cut short leaves none."""
+    path = os.path.join(dest, RECORD)
     try:
-        os.remove(os.path.join(dest, RECORD))
+        os.remove(path)
     except FileNotFoundError:
         pass
+    except OSError as error:
+        raise UsageError("cannot replace %s (%s): remove it, or pass another --dest"
+                         % (path, error.strerror or error)) from None
 
 
 def write(dest, done):

@@ -151,6 +151,15 @@ class StallFollower:
         self.diagnosed = stalled
         stacks, problems = take_stacks(self.hosts, self.cluster, self.record.id, self.record.dir)
         print_stacks(self.reporter, self.cluster, self.record.dir, stacks, problems)
+        # Tasks that ended while their stacks were taken (a success among them) stalled no run.
+        self.monitor.pump(0)
+        ended = {label for label in stalled if not self.monitor.alive(self.cluster.find(label))}
+        if ended:
+            self.reporter.note("%s ended while its stacks were taken" % ", ".join(sorted(ended)))
+            stalled -= ended
+            self.diagnosed = stalled
+            if not stalled:
+                return None
         from tfcluster.diagnosis.stacks import stall_cause
         waits = self._wait_causes(stalled)
         cause = waits or stall_cause(self.cluster, self.monitor.states, self.monitor.ended_at,

@@ -102,6 +102,8 @@ class Slot:
     gpus: tuple | None = None
     # tfcluster_code_dir: a controller folder `tfcluster sync` pushes to <tfcluster_root>/code.
     code_dir: str | None = None
+    # tfcluster_deploy: deploy.yml and teardown.yml provision its machine (false: it is ready).
+    deploy: bool = True
     extra: dict = field(default_factory=dict, compare=False)
 
 
@@ -113,7 +115,6 @@ def _parse_failure_reason(warnings):
     return "not valid YAML or INI inventory"
 
 
-CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "tfcluster")
 # Templates whose value can change while the files do not: such inventories are read every time.
 VOLATILE = re.compile(rb"lookup\(|query\(|\bq\(|now\(|random|^\s*plugin\s*:", re.M)
 
@@ -133,9 +134,12 @@ def load_slots(path):
 
     Reading an inventory costs over a second of ansible-core imports, more than the rest of a
     launch's overhead: the slots of an inventory whose files have not changed (and that uses no
-    lookups, plugins or scripts) come from a cache in ~/.cache/tfcluster."""
+    lookups, plugins or scripts) come from tfcluster's cache folder (~/.cache/tfcluster:
+    tfcluster_agent/cachedir.py)."""
+    from tfcluster_agent.cachedir import home_cache
     key = _cache_key(path)
-    cache = os.path.join(CACHE_DIR, "inventory-%s.pickle" % key) if key else None
+    folder = home_cache() if key else None
+    cache = os.path.join(folder, "inventory-%s.pickle" % key) if folder else None
     if cache:
         try:
             with open(cache, "rb") as handle:
@@ -145,21 +149,20 @@ def load_slots(path):
     slots = read_slots(path)
     if cache:
         try:
-            os.makedirs(CACHE_DIR, exist_ok=True)
             tmp = "%s.%d.tmp" % (cache, os.getpid())
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as handle:
                 pickle.dump(slots, handle)
             os.replace(tmp, cache)
         except OSError:
             pass  # no cache, no harm
-        _prune_cache()
+        _prune_cache(folder)
     return slots
 
 
-def _prune_cache(keep=100):
+def _prune_cache(folder, keep=100):
     """Only the KEEP newest cached inventories stay: each edit of an inventory writes another."""
     try:
-        paths = [os.path.join(CACHE_DIR, name) for name in os.listdir(CACHE_DIR)
+        paths = [os.path.join(folder, name) for name in os.listdir(folder)
                  if name.startswith("inventory-") and name.endswith(".pickle")]
         if len(paths) > keep:
             for path in sorted(paths, key=os.path.getmtime)[:-keep]:
@@ -274,8 +277,7 @@ def _slot(hostname, job, host_vars, templar, folder):
         _int(get("tfcluster_gpu_count"), "tfcluster_gpu_count", hostname),
         gpu_busy_mib=_int(get("tfcluster_gpu_busy_mib", 300), "tfcluster_gpu_busy_mib", hostname),
         gpu_share=_flag(get("tfcluster_gpu_share", False), "tfcluster_gpu_share", hostname),
-        stall_after=_seconds(get("tfcluster_stall_after", 120), "tfcluster_stall_after",
-                             hostname, zero="0 turns the watch off"),
+        stall_after=_stall_after(get("tfcluster_stall_after", 120), hostname),
         fence_file="" if _flag(get("tfcluster_fenced", False), "tfcluster_fenced", hostname)
         else str(get("firewall_rules_file", FENCE_FILE)),
     )
@@ -286,6 +288,7 @@ def _slot(hostname, job, host_vars, templar, folder):
         port_base=_int(get("tfcluster_port_base", DEFAULT_PORT_BASE), "tfcluster_port_base", hostname),
         gpus=_gpus(get("tfcluster_gpus"), hostname),
         code_dir=get("tfcluster_code_dir"),
+        deploy=_flag(get("tfcluster_deploy", True), "tfcluster_deploy", hostname),
     )
 
 
@@ -326,6 +329,16 @@ def _seconds(value, name, hostname, zero=None):
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero):
         raise UsageError("host %s: %s must be a number of seconds above 0%s, not %r: fix %s"
                          % (hostname, name, " (%s)" % zero if zero else "", value, name))
+    return seconds
+
+
+def _stall_after(value, hostname):
+    from tfcluster_agent.stall import MIN_STALL_AFTER
+    seconds = _seconds(value, "tfcluster_stall_after", hostname, zero="0 turns the watch off")
+    if 0 < seconds < MIN_STALL_AFTER:
+        raise UsageError("host %s: tfcluster_stall_after must be 0 (off) or at least %g s (how "
+                         "often the watch looks), not %r: fix tfcluster_stall_after"
+                         % (hostname, MIN_STALL_AFTER, value))
     return seconds
 
 

@@ -38,7 +38,7 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
         ports = [t.port for t in cluster.tasks if t.machine.key == machine.key and t.port]
         # The host's own cache: TensorFlow is imported once per interpreter and install, not at
         # every launch (16 test hosts on one machine would import it 16 times a launch).
-        cache = "~/.cache/tfcluster"
+        cache = "~"
         request = P.Preflight(python=machine.python, ports=ports, code_dir=machine.root,
                               cache_dir=cache, datasets=data_needs.get(machine.key, []),
                               nvidia_smi=machine.nvidia_smi, workdir=machine.workdir,
@@ -109,6 +109,9 @@ def print_preflight(reporter, cluster, reports):
             ("busy " + ",".join(busy)) if busy else "%d free" % len(ports),
             "same" if code == controller_hash or runs_this_checkout(machine)
             else ("stale" if code else "missing")))
+    for machine, _ in cluster.machines():  # a host without a usable home caches elsewhere
+        if reports[machine.key].cache_warning:
+            reporter.note("warning: %s: %s" % (machine.label, reports[machine.key].cache_warning))
 
 
 def check_hosts(cluster, reporter):

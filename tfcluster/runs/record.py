@@ -99,6 +99,7 @@ class PreflightReport:
     proxy_env: dict = field(default_factory=dict)      # hostinfo.proxy_facts(): names, no_proxy
     workdir_id: str | None = None                      # shares.folder_id of the workdir
     fenced: bool | None = None                         # the firewall's ruleset is there
+    cache_warning: str | None = None                   # cachedir.cache_folder's, when any
     reached: bool = True
 
     def to_json(self):

@@ -37,14 +37,18 @@ def new_run_id(example):
 
 
 def check_run_id(run_id):
+    if not run_id:  # an unset variable in a script: never "the newest run"
+        raise UsageError("the run id is empty: give one, or leave the argument out")
     if not RUN_ID.fullmatch(run_id):
+        shown = run_id if len(run_id) <= 60 else "%s... (%d characters)" % (run_id[:40], len(run_id))
         raise UsageError("run id %r may only use letters, digits, '.', '_' and '-' (100 at most, "
-                         "starting with a letter or digit): pick another" % run_id)
+                         "starting with a letter or digit): pick another" % shown)
     return run_id
 
 
-def writable_dir(path, what):
-    """Create PATH if needed and check a file can be written there; WHAT names the option."""
+def writable_dir(path, what, fix="pass a folder you can write to"):
+    """Create PATH if needed and check a file can be written there; WHAT names the option, FIX
+    what to do instead."""
     try:
         if os.path.exists(path) and not os.path.isdir(path):
             raise NotADirectoryError("it is a file")
@@ -54,9 +58,51 @@ def writable_dir(path, what):
         os.unlink(probe)
     except OSError as err:
         reason = err.strerror or str(err)
-        raise UsageError("%s %s cannot hold files (%s): pass a folder you can write to"
-                         % (what, path, reason.lower() if reason else "not writable")) from None
+        raise UsageError("%s %s cannot hold files (%s): %s"
+                         % (what, path, reason.lower() if reason else "not writable", fix)) from None
     return path
+
+
+@contextlib.contextmanager
+def folder_for(path, what):
+    """writable_dir(PATH, WHAT) for the block: the folders it had to create are removed again
+    when the block fails and leaves them empty."""
+    created = []
+    folder = os.path.abspath(path)
+    while not os.path.lexists(folder):
+        created.append(folder)  # innermost first
+        folder = os.path.dirname(folder)
+    try:
+        yield writable_dir(path, what)
+    except BaseException:
+        for folder in created:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break  # not empty (what the block made is kept), or never made
+        raise
+
+
+def keep_caches(runs_dir):
+    """Without a home that can hold tfcluster's cache (tfcluster_agent/cachedir.py), a private
+    folder under RUNS_DIR is the cache of this command and of the local agents it starts
+    (XDG_CACHE_HOME, which they inherit), and without a usable home Ansible and Keras get
+    theirs there (ANSIBLE_HOME, KERAS_HOME: each would fail, or as root make the missing home).
+    The warning says so, once."""
+    from tfcluster_agent import cachedir
+    folder, warning = cachedir.cache_folder(os.path.abspath(os.path.join(runs_dir, ".cache")))
+    if warning:
+        print("tfcluster: warning: " + warning, file=sys.stderr, flush=True)
+        if folder:
+            os.environ["XDG_CACHE_HOME"] = os.path.dirname(folder)
+    if cachedir.home() is None:
+        cachedir.keep_keras_home(folder)
+        if "ANSIBLE_HOME" not in os.environ and "ANSIBLE_LOCAL_TMP" not in os.environ:
+            if folder:
+                os.environ["ANSIBLE_HOME"] = os.path.join(folder, "ansible")
+            else:  # Ansible makes (and removes) a private folder of its own in it
+                import tempfile
+                os.environ["ANSIBLE_LOCAL_TMP"] = tempfile.gettempdir()
 
 
 def save(record):

@@ -2,11 +2,14 @@
 import functools
 import json
 import os
+import re
 import shlex
 from tfcluster.errors import UsageError
 from tfcluster_agent.values import value_class
 
 POLICIES = ("chief", "worker0", "all_workers")
+# The built-in trainer a catalog command runs: `python -m trainers.NAME`.
+TRAINER_MODULE = re.compile(r"-m\s+(trainers(?:\.\w+)+)")
 # Read by the controller alone, so it is no host code: editing it makes no host stale.
 CATALOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "catalog.yml")
 
@@ -131,3 +134,41 @@ def check_templates(example, cluster):
         run_dir = task.machine.workdir.rstrip("/") + "/RUN-ID"
         for smoke in (False, True):
             task_command(example, cluster, task, run_dir, run_dir + "/checkpoints", smoke=smoke)
+
+
+class _Refused(Exception):
+    """argparse's error, raised instead of ending the program."""
+
+
+def check_trainer_args(example, user_args):
+    """USER_ARGS (after a bare --) against the built-in trainer's own parser, on the controller
+    before anything starts: a UsageError naming a wrong flag and the closest valid one. The
+    trainers build their parsers without importing TensorFlow."""
+    found = TRAINER_MODULE.search(example.command)
+    if not user_args or not found:
+        return  # nothing given, or a program of the user's
+    import argparse
+    import difflib
+    import importlib
+    module = found.group(1)
+    parser = importlib.import_module(module).build_parser()
+    parser.prog = "python -m " + module  # what its --help shows
+
+    def refuse(message):
+        raise _Refused(message)
+    parser.error = refuse
+    try:
+        _, unknown = parser.parse_known_args(list(user_args))
+    except _Refused as err:
+        raise UsageError("%s's trainer: %s (see `%s --help`)" % (example.name, err, parser.prog)) \
+            from None
+    if unknown:
+        flag = unknown[0].split("=", 1)[0]
+        if not flag.startswith("-"):
+            raise UsageError("%s's trainer takes flags only, not %r: pass --FLAG=VALUE (see `%s "
+                             "--help`)" % (example.name, unknown[0], parser.prog))
+        flags = [option for action in parser._actions for option in action.option_strings
+                 if option.startswith("--") and not isinstance(action, argparse._HelpAction)]
+        closest = difflib.get_close_matches(flag, flags, n=1, cutoff=0) or flags[:1]
+        raise UsageError("%s's trainer has no flag %s: the closest is %s (see `%s --help`)"
+                         % (example.name, flag, closest[0], parser.prog))

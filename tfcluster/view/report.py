@@ -160,6 +160,7 @@ class PlainReporter(Reporter):
         self.verbose = verbose
         self._noise = NoiseFilter()
         self._lock = threading.Lock()  # one whole line at a time from every thread
+        self.task_lines = 0  # the tasks' lines shown
 
     def _write(self, text):
         with self._lock:
@@ -167,6 +168,7 @@ class PlainReporter(Reporter):
             self.stream.flush()
 
     def _task_write(self, task, text):
+        self.task_lines += 1
         self._write(("[%s %s] " % (task.label, task.machine.address) if self.prefix else "") + text)
 
     def note(self, message):
