@@ -252,7 +252,7 @@ def test_code_deployed_before_the_agent_had_a_main_asks_for_a_deploy(tmp_path, m
 
 def test_a_launch_refused_after_its_local_agents_started_ends_them(tmp_path, capsys,
                                                                    monkeypatch):
-    """The local agents start before the launcher's modules are imported (cli.planned_launch):
+    """The local agents start before the launcher's modules are imported (cli/commands.planned_launch):
     a launch refused after that (its run id taken) ends them before it returns."""
     from support.cli import local_inventory_text
     from tfcluster.hosts.links import Hosts

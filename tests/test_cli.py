@@ -73,22 +73,24 @@ def test_readme_quick_start_commands():
 
 
 def test_a_command_parsed_alone_reads_as_with_every_command_built(capsys):
-    """main builds only the named command's arguments (cliparse.named_command): every command's help
+    """main builds only the named command's arguments (cli/parse.named_command): every command's help
     and the top-level help read the same as from the parser with every command built."""
-    from tfcluster.cli import main as cli
+    from tfcluster.cli.arguments import build_parser
+    from tfcluster.cli.commands import COMMANDS
+    from tfcluster.cli.parse import named_command
 
     def named(argv):
-        return cli.named_command(argv, cli.COMMANDS)
+        return named_command(argv, COMMANDS)
     assert named(["--runs-dir", "launch", "status"]) == "status"
     assert named(["--runs", "stop", "logs"]) == "logs"  # an abbreviated option
     assert named(["--runs-dir=stop", "launch"]) == "launch"
     assert named(["--help"]) is None and named(["nope"]) is None
-    for argv in [["--help"]] + [[name, "--help"] for name in cli.COMMANDS] + [["data", "fetch",
+    for argv in [["--help"]] + [[name, "--help"] for name in COMMANDS] + [["data", "fetch",
                                                                                "--help"]]:
         helps = []
         for only in (None, named(argv)):
             with pytest.raises(SystemExit):
-                cli.build_parser(only).parse_args(argv)
+                build_parser(only).parse_args(argv)
             helps.append(capsys.readouterr().out)
         assert helps[0] == helps[1] and helps[0], argv
 

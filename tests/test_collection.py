@@ -16,6 +16,7 @@ from support.ansible_run import ansible_tool
 from support import REPO
 from support.installed_wheel import build_wheel, install_wheel, run_installed
 from tfcluster.cli import main as cli
+from tfcluster.cli.arguments import build_parser
 from tfcluster.deploy import playbook as deploy
 from tfcluster.deploy import wheelhouse
 
@@ -97,7 +98,7 @@ def test_find_content_prefers_the_installed_collection(tmp_path):
 def parse_deploy(*argv):
     argv = list(argv)
     rest = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = cli.build_parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    args = build_parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     args.trainer_args = rest
     return args
 

@@ -56,3 +56,16 @@ def test_no_private_name_is_imported_across_modules():
                              for alias in node.names
                              if alias.name.startswith("_") and not alias.name.startswith("__")]
     assert crossing == []
+
+
+def test_lazy_imports_stay_in_the_top_room():
+    """import-linter reads import statements, not tfcluster.lazy's names: lazy modules are taken
+    only in cli/, the room above all others, where no layer can be crossed."""
+    callers = []
+    for path in project_modules():
+        with open(path) as handle:
+            tree = ast.parse(handle.read(), path)
+        if any(isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy"
+               for node in ast.walk(tree)):
+            callers.append(os.path.relpath(path, REPO))
+    assert callers and all(path.startswith("tfcluster/cli/") for path in callers), callers

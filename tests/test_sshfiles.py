@@ -6,6 +6,7 @@ import os
 import subprocess
 
 from tfcluster.cli import main as cli
+from tfcluster.cli.arguments import build_parser
 from tfcluster.deploy import playbook as deploy
 from tfcluster.hosts import sshfiles
 from tfcluster.hosts.links import channel_lines
@@ -103,7 +104,7 @@ def test_no_overlay_when_every_path_is_absolute(tmp_path):
     (tmp_path / "hosts.yml").write_text(INVENTORY.replace("keys/known_hosts", "/abs/kh"))
     with sshfiles.overlay(str(tmp_path / "hosts.yml")) as paths:
         assert paths is None
-    args = cli.build_parser().parse_args(["deploy", "-i", "h.yml"])
+    args = build_parser().parse_args(["deploy", "-i", "h.yml"])
     args.trainer_args = []
     assert "-i" not in deploy.playbook_command(args, None, "/repo")[7:]
 
