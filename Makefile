@@ -1,5 +1,5 @@
 # make demo: a real distributed TensorFlow job (1 ps + 2 workers) on this machine.
-# make check: the fast tier, after every edit. make test: the whole test suite.
+# make check: the fast tier, after every edit. make test: the whole test suite. make docs: the site.
 # Each installs what it needs and no more: demo and check the venv (.venv); test also, as root,
 # the Debian packages of the test hosts and containers.
 PYTHON ?= python3
@@ -18,7 +18,7 @@ install = $(1) --upgrade pip && $(1) -e '.[test]' --config-settings editable_mod
 # The test hosts (network namespaces, sshd) and containers; only root can install or use them.
 DEBIAN_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps rsync pciutils docker.io debootstrap ruby nftables python3-packaging
 
-.PHONY: setup system-packages demo check test test-docker lint bench wheelhouse collection clean
+.PHONY: setup system-packages demo check test test-docker lint bench wheelhouse collection docs clean
 
 setup: $(STAMP)
 
@@ -51,7 +51,9 @@ system-packages:
 demo: setup
 	@scripts/demo
 
-# The fast tier, after every edit: in-process tests, no TensorFlow launch, no test hosts (< 60 s).
+# The fast tier, after every edit: in-process tests and short subprocesses on this machine (CLI
+# commands, the agent with placeholder tasks), the docs site's strict build; no TensorFlow launch,
+# no playbook run, no test hosts or containers, no root.
 check: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not root" tests
 
@@ -74,6 +76,11 @@ lint: setup
 # The hosts' wheels and packed venv for an offline deploy, into wheelhouse/ (tfcluster wheelhouse).
 wheelhouse: setup
 	$(BIN)/tfcluster wheelhouse $(WHEELHOUSE_ARGS)
+
+# The documentation site (MkDocs, Material theme) from docs/ into site/; the fast tier builds it
+# with --strict too (tests/test_docs.py).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # The collection tfcluster.cluster as a tarball in dist/, for sites that install collections
 # from files (the wheel carries the same collection).

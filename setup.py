@@ -10,9 +10,10 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 COLLECTION = os.path.join("ansible_collections", "tfcluster", "cluster")
-# ansible.cfg: the settings `tfcluster deploy` runs the playbooks with (ANSIBLE_CONFIG);
-# inventory/sample: what `tfcluster init --sample` copies.
-CONTENT = ("galaxy.yml", "README.md", "ansible.cfg", "meta", "playbooks", "roles",
+# COLLECTION.md: the collection's README (galaxy.yml's readme); ansible.cfg: the settings
+# `tfcluster deploy` runs the playbooks with (ANSIBLE_CONFIG); inventory/sample: what
+# `tfcluster init --sample` copies.
+CONTENT = ("galaxy.yml", "COLLECTION.md", "ansible.cfg", "meta", "playbooks", "roles",
            os.path.join("inventory", "sample"))
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

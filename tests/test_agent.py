@@ -286,7 +286,7 @@ def test_a_port_is_claimed_from_preflight_until_its_task_has_exited(agent, tmp_p
     try:
         report = preflight_ports(second, port, tmp_path)
         assert report["ports"] == {str(port): False}
-        # The claims are system-wide, so each label names its user (README: Labs).
+        # The claims are system-wide, so each label names its user (docs/labs.md).
         user = gpuclaims.user_name()
         assert report["port_holders"] == {str(port): "run run (user %s)" % user}
         assert "claimed by run run (user %s)" % user in refused(second, tmp_path / "second")

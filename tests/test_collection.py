@@ -21,9 +21,9 @@ from tfcluster.deploy import playbook as deploy
 from tfcluster.deploy import wheelhouse
 
 COLLECTION = "ansible_collections/tfcluster/cluster/"
-# What `make collection` puts in the tarball: the Ansible content, the host packages and the
-# datasets role's manifest (tfcluster/data/datasets.json, its one file from tfcluster/).
-TARBALL_TOP = {"README.md", "meta", "playbooks", "roles", "tfcluster", "tfcluster_agent", "trainers"}
+# What `make collection` puts in the tarball: its README (COLLECTION.md), the Ansible content,
+# the host packages and the datasets role's manifest (tfcluster/data/datasets.json, its one file from tfcluster/).
+TARBALL_TOP = {"COLLECTION.md", "meta", "playbooks", "roles", "tfcluster", "tfcluster_agent", "trainers"}
 HARMLESS_INVENTORY = """all:
   vars:
     ansible_connection: local
@@ -66,6 +66,16 @@ def test_collection_metadata_matches_the_package():
     runtime = yaml.safe_load(open(os.path.join(REPO, "meta", "runtime.yml")))
     pin = re.search(r'"ansible-core>=([0-9.]+),<([0-9.]+)"', pyproject).groups()
     assert runtime["requires_ansible"] == ">=%s.0,<%s.0" % pin
+
+
+def test_the_collection_has_a_readme_of_its_own():
+    """galaxy.yml's readme: a short one about the collection, not the project's front page."""
+    galaxy = yaml.safe_load(open(os.path.join(REPO, "galaxy.yml")))
+    assert galaxy["readme"] == "COLLECTION.md"
+    readme = open(os.path.join(REPO, galaxy["readme"])).read()
+    assert readme.startswith("# tfcluster.cluster\n") and len(readme.splitlines()) <= 80
+    for name in deploy.PLAYBOOKS:
+        assert "tfcluster.cluster.%s " % name in readme, name
 
 
 def test_playbook_names_are_collection_names():
@@ -169,8 +179,8 @@ def in_installed(installed, *argv, timeout=300):
 def test_wheel_carries_the_checkouts_ansible_content(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        for path in git_files("playbooks", "roles", "meta", "galaxy.yml", "ansible.cfg",
-                              "inventory/sample"):
+        for path in git_files("playbooks", "roles", "meta", "galaxy.yml", "COLLECTION.md",
+                              "ansible.cfg", "inventory/sample"):
             assert COLLECTION + path in names, path
             with open(os.path.join(REPO, path), "rb") as handle:
                 assert archive.read(COLLECTION + path) == handle.read(), path

@@ -10,7 +10,7 @@ package (the repository's files, the verify play).
 What this proves: detection, the choices (flavour, pinning, fabric manager, Secure Boot, minimum
 driver, reboot by state, per-machine GPU decision), the files written, and that the verify play
 fails with the reason. What it cannot: that the packages exist and install, that the module
-loads after the reboot, that a real GPU runs the matmul (README, Limitations).
+loads after the reboot, that a real GPU runs the matmul (docs/index.md, Limits).
 """
 import grp
 import json

@@ -217,7 +217,7 @@ def test_sample_data_network_example_works_uncommented(tmp_path):
     worker3 = [t for t in cluster.tasks if t.slot == "worker3"][0]
     assert worker3.machine.address == "gpu03.cluster.example.com"
     assert worker3.address == "gpu03-ib.cluster.example.com:2222"
-    with open(os.path.join(REPO, "README.md")) as handle:
+    with open(os.path.join(REPO, "docs", "inventory.md")) as handle:
         assert "| `tfcluster_address` |" in handle.read()
 
 

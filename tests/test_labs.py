@@ -1,4 +1,4 @@
-"""Labs as they are (README "Labs"), the fast tier: folders machines share, run folders inside a
+"""Labs as they are (docs/labs.md), the fast tier: folders machines share, run folders inside a
 shared workdir, the unfenced-host warning, the administrator's half a user's deploy checks,
 tfcluster_root's default, `deploy --system`, and sync writing a shared root once. The runs on
 the test hosts as an ordinary user, with a shared home, are tests/test_labs_hosts.py."""
@@ -101,7 +101,7 @@ def test_an_unfenced_ssh_host_is_named_once():
     assert sharing.unfenced_warnings(cluster, found) == [
         "10.0.0.2: no firewall fences TensorFlow's port(s) 2222, 2223 here: anyone on its "
         "network can connect, and TensorFlow runs any graph it is sent; an administrator "
-        "fences them with `tfcluster deploy --system` (README: Labs)"]
+        "fences them with `tfcluster deploy --system` (docs/labs.md)"]
     assert sharing.port_span([2224, 2222, 2223, 4000, 2230, 2231]) == "2222-2224, 2230, 2231, 4000"
     found[bare.key] = PreflightReport(fenced=None)  # tfcluster_fenced: fenced by other means
     assert sharing.unfenced_warnings(cluster, found) == []

@@ -1,4 +1,4 @@
-"""Labs as they are, on the test hosts (README "Labs"): an ordinary user with no sudo and one
+"""Labs as they are, on the test hosts (docs/labs.md): an ordinary user with no sudo and one
 home for every host (the test hosts share this machine's /home, as lab servers share an NFS
 home), the administrator's half of the deploy done by root, the user's half by the user, then
 sync, launch, status, logs, stop, check and `tfcluster gpus` as that user, every built-in

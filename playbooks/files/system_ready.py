@@ -1,4 +1,4 @@
-"""What an ordinary user's deploy needs from the administrator's half (README "Labs"), checked
+"""What an ordinary user's deploy needs from the administrator's half (docs/labs.md), checked
 on a host without root. Standard library only: deploy.yml sends this file inline (python3 -c).
 
     system_ready.py JSON   (JSON: {"packages": [...], "python": PATH, "python_range": [MIN, MAX],

@@ -1,5 +1,6 @@
 """The README's Install section as a test runs it (tests/test_dockerhosts.py): its own lines,
-read from README.md, run one after another in bash, so that the two cannot drift apart."""
+read from README.md, run one after another in bash, so that the two cannot drift apart. The
+shell blocks of the documentation that the fast tier runs go the same way (tests/test_docs.py)."""
 import fcntl
 import os
 import re
@@ -12,18 +13,33 @@ MARK = "@@tfcluster-readme-line"
 
 
 def install_lines():
-    """The lines of the Install section's code block that runs `tfcluster init`."""
+    """The lines of the Install section's sh block that runs `tfcluster init`."""
     with open(os.path.join(REPO, "README.md")) as handle:
-        section = handle.read().split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
-    blocks, block = [], []
-    for line in section.splitlines() + [""]:
-        if line.startswith("    ") and line.strip():
-            block.append(line[4:])
-        elif block:
-            blocks, block = blocks + [block], []
-    found = [b for b in blocks if any(re.search(r"\btfcluster init\b", line) for line in b)]
-    assert len(found) == 1, "README.md's Install section has no single block with tfcluster init"
+        blocks = fenced_blocks(handle.read())
+    found = [lines for heading, language, lines in blocks
+             if heading == "Install" and language == "sh"
+             and any(re.search(r"\btfcluster init\b", line) for line in lines)]
+    assert len(found) == 1, "README.md's Install section has no single sh block with tfcluster init"
     return found[0]
+
+
+def fenced_blocks(text):
+    """[(heading, language, lines)]: TEXT's fenced code blocks (``` at a line's start), each with
+    its language and the title of the last heading above it."""
+    blocks, heading, language, block = [], None, None, None
+    for line in text.splitlines():
+        if block is not None:
+            if line.startswith("```"):
+                blocks.append((heading, language, block))
+                block = None
+            else:
+                block.append(line)
+        elif line.startswith("```"):
+            language, block = line[3:].strip(), []
+        elif re.match(r"#{1,6} ", line):
+            heading = line.lstrip("#").strip()
+    assert block is None, "a code block under %r is not closed" % heading
+    return blocks
 
 
 def substitute(lines, substitutions):

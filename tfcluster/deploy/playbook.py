@@ -30,7 +30,7 @@ def add_arguments(parser):
     parser.add_argument("--system", action="store_true",
                         help="only the administrator's half, which needs root on the hosts (OS "
                              "packages, the service group, the firewall, the NVIDIA driver; "
-                             "README: Labs)")
+                             "docs/labs.md)")
     parser.add_argument("-C", "--check", action="store_true", help="dry run")
     parser.add_argument("-D", "--diff", action="store_true")
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -86,7 +86,7 @@ def playbook_command(args, collections_dir, root, paths=None):
 
 def system_half(args):
     """The -e that limits deploy.yml to the administrator's half (--system: packages, the
-    service group, the firewall, the NVIDIA driver; README "Labs")."""
+    service group, the firewall, the NVIDIA driver; docs/labs.md)."""
     if not getattr(args, "system", False):
         return []
     if args.playbook != "deploy":

@@ -5,7 +5,7 @@ that no slot lists in tfcluster_gpus, split among its tasks that list none. ps a
 tasks see no GPU unless their slot lists some. More tasks than GPUs: tasks share, with memory
 growth on. A GPU that is unhealthy, in MIG mode, busy (another process computes on it or holds
 memory) or claimed by another tfcluster run is never handed out; a GPU whose facts nvidia-smi
-could not give is handed out with a warning (README "Shared GPU servers").
+could not give is handed out with a warning (docs/gpus.md).
 """
 import re
 

@@ -54,7 +54,7 @@ class Machine:
     workdir: str = DEFAULT_ROOT + "/work"
     data_dir: str = DEFAULT_ROOT + "/data"
     data_address: str | None = None
-    # GPU settings (README "Shared GPU servers"): nvidia-smi's path, how many GPUs the machine
+    # GPU settings (docs/gpus.md): nvidia-smi's path, how many GPUs the machine
     # must show (None: no check), memory (MiB) another process may hold on a GPU still handed
     # out, and whether busy GPUs may be shared knowingly.
     nvidia_smi: str = "nvidia-smi"
@@ -64,7 +64,7 @@ class Machine:
     # Seconds a training task may print nothing and use almost no CPU before it is stalled
     # (tfcluster/diagnosis/stall.py); 0: not watched.
     stall_after: float = 120.0
-    # Lab hosts (README "Labs"): the firewall role's ruleset, whose absence a launch reports
+    # Lab hosts (docs/labs.md): the firewall role's ruleset, whose absence a launch reports
     # ("": fenced by other means, tfcluster_fenced), and, once preflight found the workdir
     # shared with another machine of the run, this machine's folder inside each run's folder.
     fence_file: str = FENCE_FILE

@@ -1,4 +1,4 @@
-"""Lab hosts as they are (README "Labs"): machines that share folders (a home on NFS), and
+"""Lab hosts as they are (docs/labs.md): machines that share folders (a home on NFS), and
 machines no firewall fences.
 
 - A workdir several machines of a run share (their preflights report the same token,
@@ -79,7 +79,7 @@ def unfenced_warnings(cluster, reports):
             continue
         lines.append("%s: no firewall fences TensorFlow's port(s) %s here: anyone on its "
                      "network can connect, and TensorFlow runs any graph it is sent; an "
-                     "administrator fences them with `tfcluster deploy --system` (README: Labs)"
+                     "administrator fences them with `tfcluster deploy --system` (docs/labs.md)"
                      % (machine.label, port_span(ports)))
     return lines
 
