@@ -114,15 +114,25 @@ def test_timeout_stops_everything(local_env):
     assert_run_clean(record)
 
 
-def launcher_process(inventory, runs_dir, *extra, env=None, example=None, trainer_args=()):
+def launcher_argv(inventory, runs_dir, *extra, example=None, trainer_args=()):
     what = [example, "--smoke"] if example else ["--cmd", FAKE]
     argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", *what,
             "-i", inventory, "--ps", "1", "--workers", "2", "--chief", "0"] + list(extra)
-    if trainer_args:
-        argv += ["--"] + list(trainer_args)
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, FAKE_WORKER_0="forever",
-                                                FAKE_WORKER_1="forever", **(env or {})))
+    return argv + (["--"] + list(trainer_args) if trainer_args else [])
+
+
+def fake_env(env=None):
+    """The fake tasks' behaviours (tests/programs/fake_task.py): the workers run until stopped
+    unless ENV says otherwise."""
+    return dict(os.environ, **dict({"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "forever"},
+                                   **(env or {})))
+
+
+def launcher_process(inventory, runs_dir, *extra, env=None, example=None, trainer_args=()):
+    return subprocess.Popen(launcher_argv(inventory, runs_dir, *extra, example=example,
+                                          trainer_args=trainer_args),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=fake_env(env))
 
 
 def wait_running(runs_dir):
@@ -135,22 +145,101 @@ def wait_running(runs_dir):
     return run_record(runs_dir)
 
 
-def test_sigint_stops_every_task(local_env):
-    inventory, runs_dir = local_env
-    launcher = launcher_process(inventory, runs_dir)
+def signalled(launcher, signum, runs_dir):
+    """SIGNUM to the LAUNCHER once every task of its run runs: (stdout, stderr)."""
     try:
         record = wait_running(runs_dir)
-        pids = [t["pid"] for t in record["tasks"].values()]
-        assert all(pid_alive(p) for p in pids)
-        launcher.send_signal(signal.SIGINT)
+        assert all(pid_alive(t["pid"]) for t in record["tasks"].values())
+        launcher.send_signal(signum)
         out, err = launcher.communicate(timeout=90)
     finally:
         launcher.kill()
+    return out, err
+
+
+def test_sigint_stops_every_task(local_env):
+    inventory, runs_dir = local_env
+    launcher = launcher_process(inventory, runs_dir)
+    out, err = signalled(launcher, signal.SIGINT, runs_dir)
     assert launcher.returncode == 130, err
     assert "SIGINT received" in out
     record = run_record(runs_dir)
     assert record["state"] == "interrupted"
     assert_run_clean(record)
+
+
+def assert_drained(record, runs_dir, drained, stopped, reason):
+    """The tasks DRAINED ended on the termination notice (saying REASON), before anything was
+    stopped; the tasks STOPPED, which ignore it, were stopped (TERM) after it."""
+    assert record["state"] == "interrupted" and record["ended"], record
+    for label in drained:
+        task = record["tasks"][label]
+        assert (task["exit"], task["state"]) == (42, "stopped"), (label, task)
+        with open(os.path.join(runs_dir, record["id"], task["log"])) as handle:
+            assert 'termination notice: {"reason": "%s"' % reason in handle.read(), label
+    for label in stopped:
+        assert (record["tasks"][label]["exit"], record["tasks"][label]["state"]) == \
+            (143, "stopped"), record["tasks"][label]
+    assert_run_clean(record)
+
+
+def test_sigterm_gives_every_task_the_termination_notice_before_the_stop(local_env):
+    """SIGTERM to the launcher drains: the notice file reaches every task (the ps and worker:0
+    watch it and end on it), and worker:1, which ignores it, is stopped after --drain-grace."""
+    inventory, runs_dir = local_env
+    launcher = launcher_process(inventory, runs_dir, "--drain-grace", "3", "--stop-grace", "3",
+                                env={"FAKE_WORKER_0": "drain", "FAKE_PS_0": "drain"})
+    out, err = signalled(launcher, signal.SIGTERM, runs_dir)
+    assert launcher.returncode == 130, err
+    assert "SIGTERM received: draining every task" in out
+    assert "termination notice to every task (SIGTERM): they get 3s" in out
+    assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGTERM")
+
+
+def test_a_closed_terminal_drains_and_tears_down(local_env):
+    """The launcher's terminal closes (a pty whose other side is closed: SIGHUP, then writes
+    that fail): every task gets the notice, nothing runs on past --drain-grace and --stop-grace,
+    and run.json reads as ended. Before, the tasks lived on until their lease ran out."""
+    import fcntl
+    import pty
+    import select
+    import termios
+    inventory, runs_dir = local_env
+    master, terminal = pty.openpty()
+    launcher = subprocess.Popen(
+        launcher_argv(inventory, runs_dir, "--drain-grace", "3", "--stop-grace", "3"),
+        cwd=REPO, stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
+        # Its own session, with the pty as its controlling terminal, as a login shell's.
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        env=fake_env({"FAKE_WORKER_0": "drain", "FAKE_PS_0": "drain"}))
+    os.close(terminal)
+    shown = []
+
+    def running():
+        while select.select([master], [], [], 0)[0]:  # the live table, read as it is drawn
+            shown.append(os.read(master, 65536))
+        try:
+            return run_record(runs_dir)["state"] == "running"
+        except (AssertionError, OSError, ValueError):
+            return False
+    try:
+        wait_for(running, 90, "the run to be running")
+        record = run_record(runs_dir)
+        pids = [t["pid"] for t in record["tasks"].values()]
+        closed = time.monotonic()
+        os.close(master)  # the terminal goes away
+        master = None
+        wait_for(lambda: not any(pid_alive(p) for p in pids), 3 + 3 + 10, "the tasks to end")
+        gone = time.monotonic() - closed
+        launcher.wait(timeout=60)
+    finally:
+        launcher.kill()
+        if master is not None:
+            os.close(master)
+    assert b"tfcluster: run " in b"".join(shown)  # the launcher wrote to its terminal
+    assert gone < 3 + 3, "tasks ran %.1fs after the terminal closed" % gone
+    assert launcher.returncode == 130
+    assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGHUP")
 
 
 def test_detach_status_logs_stop(local_env):

@@ -54,6 +54,10 @@ def build_parser(only=None):
                         "0 when a chief job succeeded)")
     p.add_argument("--stop-grace", type=seconds, default=10.0,
                    help="seconds between TERM and KILL when stopping tasks (default 10)")
+    p.add_argument("--drain-grace", type=seconds, default=30.0,
+                   help="when SIGTERM or SIGHUP (a closed terminal) ends the launch: seconds "
+                        "the tasks get after the termination notice to checkpoint and end, "
+                        "before they are stopped (default 30)")
     p.add_argument("--lease", type=seconds, default=60.0,
                    help="seconds tasks outlive a launcher that vanished without stopping them "
                         "(default 60; --detach runs have no lease)")
@@ -252,7 +256,7 @@ def launch_planned(args, example, counts, extra_env, user_args, load_slots, plan
         timeout=args.timeout, user_args=tuple(user_args), smoke=args.smoke, counts=counts,
         intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,
         start_timeout=args.start_timeout, finish_grace=args.finish_grace,
-        stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
+        stop_grace=args.stop_grace, drain_grace=args.drain_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
         stall_after=args.stall_after, on_stall=args.on_stall, straggler_after=args.straggler_after)
