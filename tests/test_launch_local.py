@@ -168,10 +168,11 @@ def test_sigint_stops_every_task(local_env):
     assert_run_clean(record)
 
 
-def assert_drained(record, runs_dir, drained, stopped, reason):
+def assert_drained(record, runs_dir, drained, stopped, reason, state="interrupted"):
     """The tasks DRAINED ended on the termination notice (saying REASON), before anything was
-    stopped; the tasks STOPPED, which ignore it, were stopped (TERM) after it."""
-    assert record["state"] == "interrupted" and record["ended"], record
+    stopped; the tasks STOPPED, which ignore it, were stopped (TERM) after it; the run ended
+    in STATE."""
+    assert record["state"] == state and record["ended"], record
     for label in drained:
         task = record["tasks"][label]
         assert (task["exit"], task["state"]) == (42, "stopped"), (label, task)
@@ -240,6 +241,37 @@ def test_a_closed_terminal_drains_and_tears_down(local_env):
     assert gone < 3 + 3, "tasks ran %.1fs after the terminal closed" % gone
     assert launcher.returncode == 130
     assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGHUP")
+
+
+def test_drain_of_a_run_its_launcher_follows_goes_through_the_launcher(local_env):
+    inventory, runs_dir = local_env
+    launcher = launcher_process(inventory, runs_dir, "--drain-grace", "3", "--stop-grace", "3",
+                                env={"FAKE_WORKER_0": "drain", "FAKE_PS_0": "drain"})
+    try:
+        record = wait_running(runs_dir)
+        drain = tfcluster("drain", runs_dir=runs_dir, check=0)
+        out, err = launcher.communicate(timeout=90)
+    finally:
+        launcher.kill()
+    assert "run %s: its launcher (pid %d) drains it" % (record["id"], launcher.pid) \
+        in drain.stdout
+    assert "run %s: interrupted" % record["id"] in drain.stdout
+    assert launcher.returncode == 130 and "SIGTERM received: draining every task" in out, err
+    assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGTERM")
+
+
+def test_drain_of_a_detached_run(local_env):
+    inventory, runs_dir = local_env
+    tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--ps", "1", "--workers", "2",
+              "--chief", "0", "--detach", "--run-id", "bg", runs_dir=runs_dir,
+              env={"FAKE_WORKER_0": "drain", "FAKE_WORKER_1": "forever", "FAKE_PS_0": "drain"},
+              check=0)
+    drain = tfcluster("drain", "bg", "--drain-grace", "3", "--grace", "3", runs_dir=runs_dir,
+                      check=0)
+    assert "termination notice to every task (tfcluster drain): they get 3s" in drain.stdout
+    assert "run bg: stopped; no task left running, ports free" in drain.stdout
+    assert_drained(run_record(runs_dir, "bg"), runs_dir, ["ps:0", "worker:0"], ["worker:1"],
+                   "tfcluster drain", state="stopped")
 
 
 def test_detach_status_logs_stop(local_env):

@@ -3,6 +3,7 @@ from a script, so success policies, failures, timeouts, lost hosts, restarts, GP
 records are checked in milliseconds, without processes."""
 import io
 import json
+import os
 import queue
 import signal
 import threading
@@ -303,6 +304,8 @@ def test_sigterm_and_sighup_drain_every_task_before_the_stop_and_ctrl_c_does_not
             assert spec["env"][P.DRAIN_FILE_ENV] == "/opt/t/work/r/" + P.DRAIN_FILE
         record = json.loads((runs_dir / "r" / "run.json").read_text())
         assert record["state"] == "interrupted" and record["ended"]
+        # `tfcluster drain` finds this launcher by its record (teardown.launcher_following).
+        assert record["launcher"]["pid"] == os.getpid() and record["launcher"]["start"]
 
 
 def wait_until(condition, seconds=10):

@@ -125,6 +125,14 @@ def build_parser(only=None):
     p = sub.add_parser("stop", help="stop every task of a run, collect its logs")
     p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
     p.add_argument("--grace", type=seconds, default=10.0)
+    p = sub.add_parser("drain", help="give every task of a run the termination notice (they "
+                                     "checkpoint and end), then stop it")
+    p.add_argument("run", nargs="?", help="run id (default: the newest running one)")
+    p.add_argument("--drain-grace", type=seconds, default=30.0,
+                   help="seconds the tasks get after the notice (default 30; a run whose "
+                        "launcher still runs drains with its launch's --drain-grace)")
+    p.add_argument("--grace", type=seconds, default=10.0,
+                   help="then, seconds between TERM and KILL (default 10)")
     sub.add_parser("runs", help="list past and current runs")
     launch = sub.choices["launch"]
     launch.add_argument("--stall-after", type=stall_seconds, metavar="S",
@@ -365,6 +373,11 @@ def cmd_stop(args):
     return manage.stop(args.runs_dir, args.run, args.grace)
 
 
+def cmd_drain(args):
+    from tfcluster.cli import manage
+    return manage.drain(args.runs_dir, args.run, args.grace, args.drain_grace)
+
+
 def cmd_runs(args):
     from tfcluster.cli import manage
     return manage.history(args.runs_dir)
@@ -410,7 +423,8 @@ def cmd_stacks(args):
 
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
             "sync": cmd_sync, "examples": cmd_examples,
-            "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
+            "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "drain": cmd_drain,
+            "runs": cmd_runs,
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
             "deploy": cmd_module, "init": cmd_module, "wheelhouse": cmd_module,
             "stacks": cmd_stacks}

@@ -29,6 +29,7 @@ from tfcluster.runs.store import host_run_dir
 from tfcluster.launch.teardown import (STOP_SIGNALS, Drain, finish, silence_terminal,
                                        stop_tasks, write_task_records)
 from tfcluster_agent import protocol as P
+from tfcluster_agent.supervisor import boot_id, start_time
 from tfcluster_agent.values import field, replace, value_class
 
 DEFAULT_FINISH_GRACE = 30.0
@@ -196,6 +197,9 @@ class Launch:
         record.become(RunState.STARTING)
         record.example, record.created = options.example.name, runs.now()
         record.checkpoints_of = options.resume or self.run_id
+        if not options.detach:
+            record.launcher = {"pid": os.getpid(), "start": start_time(os.getpid()),
+                               "boot": boot_id()}
         record.inventory = os.path.abspath(self.inventory)
         record.success_policy, record.smoke = options.example.success, options.smoke
         record.user_args, record.detach = list(options.user_args), options.detach

@@ -14,6 +14,7 @@ from tfcluster.runs.record import RunState, TaskState
 from tfcluster.diagnosis.stall import stall_cause
 from tfcluster.view.summary import print_summary
 from tfcluster_agent import protocol as P
+from tfcluster_agent.supervisor import group_is_ours
 from tfcluster_agent.values import value_class
 
 COLLECTED_FOLDERS = ("tensorboard",)
@@ -55,6 +56,11 @@ class Drain:
     SECONDS to checkpoint and end before they are stopped; REASON is what the notice says."""
     seconds: float = 0.0
     reason: str = ""
+
+
+def launcher_following(record):
+    """True while the launcher that RECORD names still runs, on this machine."""
+    return bool(record.active and record.launcher) and group_is_ours(record.launcher)
 
 
 def collect_files(hosts, cluster, record_dir, skip=()):

@@ -190,6 +190,8 @@ class ObjectCheckpoints:
         found = latest(self.directory, self.log)
         if found is None:
             return None
+        if self.log is not None:
+            self.log("restoring checkpoint %s" % found.folder)
         self.checkpoint.restore(found.entry)
         return found.entry
 
