@@ -243,6 +243,41 @@ def test_a_closed_terminal_drains_and_tears_down(local_env):
     assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGHUP")
 
 
+def test_sigterm_drains_multi_worker_mirrored_to_one_checkpoint_a_resume_goes_on_from(local_env):
+    """Real TensorFlow: SIGTERM to the launcher of a MultiWorkerMirroredStrategy run. Both
+    workers end after the same step (the notice rides the step's all-reduce), the chief commits
+    that step's checkpoint, both exit 42; `--resume` restores it and trains on from there."""
+    from trainers.common import checkpoints
+    inventory, runs_dir = local_env
+    launcher = subprocess.Popen(
+        launcher_argv(inventory, runs_dir, "--run-id", "first", "--workers", "2", "--ps", "0",
+                      example="multi_worker_mirrored", trainer_args=["--train_steps=1000000"]),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = os.path.join(runs_dir, "first", "worker-1.log")
+    try:
+        wait_for(lambda: os.path.exists(log) and "TFCLUSTER_METRIC" in open(log).read(), 240,
+                 "worker:1 to train")
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, out[-3000:] + err
+    record = run_record(runs_dir, "first")
+    steps = {r["global_step"] for r in record["results"].values()}
+    assert len(steps) == 1 and all(r["drained"] for r in record["results"].values()), steps
+    assert {(t["exit"], t["state"]) for t in record["tasks"].values()} == {(42, "stopped")}
+    folder = os.path.join(record["tasks"]["worker:0"]["host_run_dir"], "checkpoints")
+    drained_at = steps.pop()
+    assert checkpoints.latest(folder).step == drained_at
+    assert_run_clean(record)
+    tfcluster("launch", "multi_worker_mirrored", "--smoke", "-i", inventory, "--workers", "2",
+              "--ps", "0", "--chief", "0", "--run-id", "second", "--resume", "first", "--",
+              "--train_steps=%d" % (drained_at + 20), runs_dir=runs_dir, check=0)
+    resumed = run_record(runs_dir, "second")["results"]
+    assert {(r["start_step"], r["global_step"]) for r in resumed.values()} == \
+        {(drained_at, drained_at + 20)}
+
+
 def test_drain_of_a_run_its_launcher_follows_goes_through_the_launcher(local_env):
     inventory, runs_dir = local_env
     launcher = launcher_process(inventory, runs_dir, "--drain-grace", "3", "--stop-grace", "3",
