@@ -115,15 +115,25 @@ def test_timeout_stops_everything(local_env):
     assert_run_clean(record)
 
 
-def launcher_process(inventory, runs_dir, *extra, env=None, example=None, trainer_args=()):
+def launcher_argv(inventory, runs_dir, *extra, example=None, trainer_args=()):
     what = [example, "--smoke"] if example else ["--cmd", FAKE]
     argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", *what,
             "-i", inventory, "--ps", "1", "--workers", "2", "--chief", "0"] + list(extra)
-    if trainer_args:
-        argv += ["--"] + list(trainer_args)
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, FAKE_WORKER_0="forever",
-                                                FAKE_WORKER_1="forever", **(env or {})))
+    return argv + (["--"] + list(trainer_args) if trainer_args else [])
+
+
+def fake_env(env=None):
+    """The fake tasks' behaviours (tests/programs/fake_task.py): the workers run until stopped
+    unless ENV says otherwise."""
+    return dict(os.environ, **dict({"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "forever"},
+                                   **(env or {})))
+
+
+def launcher_process(inventory, runs_dir, *extra, env=None, example=None, trainer_args=()):
+    return subprocess.Popen(launcher_argv(inventory, runs_dir, *extra, example=example,
+                                          trainer_args=trainer_args),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=fake_env(env))
 
 
 def wait_running(runs_dir):
@@ -136,22 +146,168 @@ def wait_running(runs_dir):
     return run_record(runs_dir)
 
 
-def test_sigint_stops_every_task(local_env):
-    inventory, runs_dir = local_env
-    launcher = launcher_process(inventory, runs_dir)
+def signalled(launcher, signum, runs_dir):
+    """SIGNUM to the LAUNCHER once every task of its run runs: (stdout, stderr)."""
     try:
         record = wait_running(runs_dir)
-        pids = [t["pid"] for t in record["tasks"].values()]
-        assert all(pid_alive(p) for p in pids)
-        launcher.send_signal(signal.SIGINT)
+        assert all(pid_alive(t["pid"]) for t in record["tasks"].values())
+        launcher.send_signal(signum)
         out, err = launcher.communicate(timeout=90)
     finally:
         launcher.kill()
+    return out, err
+
+
+def test_sigint_stops_every_task(local_env):
+    inventory, runs_dir = local_env
+    launcher = launcher_process(inventory, runs_dir)
+    out, err = signalled(launcher, signal.SIGINT, runs_dir)
     assert launcher.returncode == 130, err
     assert "SIGINT received" in out
     record = run_record(runs_dir)
     assert record["state"] == "interrupted"
     assert_run_clean(record)
+
+
+def assert_drained(record, runs_dir, drained, stopped, reason, state="interrupted"):
+    """The tasks DRAINED ended on the termination notice (saying REASON), before anything was
+    stopped; the tasks STOPPED, which ignore it, were stopped (TERM) after it; the run ended
+    in STATE."""
+    assert record["state"] == state and record["ended"], record
+    for label in drained:
+        task = record["tasks"][label]
+        assert (task["exit"], task["state"]) == (42, "stopped"), (label, task)
+        with open(os.path.join(runs_dir, record["id"], task["log"])) as handle:
+            assert 'termination notice: {"reason": "%s"' % reason in handle.read(), label
+    for label in stopped:
+        assert (record["tasks"][label]["exit"], record["tasks"][label]["state"]) == \
+            (143, "stopped"), record["tasks"][label]
+    assert_run_clean(record)
+
+
+def test_sigterm_gives_every_task_the_termination_notice_before_the_stop(local_env):
+    """SIGTERM to the launcher drains: the notice file reaches every task (the ps and worker:0
+    watch it and end on it), and worker:1, which ignores it, is stopped after --drain-grace."""
+    inventory, runs_dir = local_env
+    launcher = launcher_process(inventory, runs_dir, "--drain-grace", "3", "--stop-grace", "3",
+                                env={"FAKE_WORKER_0": "drain", "FAKE_PS_0": "drain"})
+    out, err = signalled(launcher, signal.SIGTERM, runs_dir)
+    assert launcher.returncode == 130, err
+    assert "SIGTERM received: draining every task" in out
+    assert "termination notice to every task (SIGTERM): they get 3s" in out
+    assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGTERM")
+
+
+def test_a_closed_terminal_drains_and_tears_down(local_env):
+    """The launcher's terminal closes (a pty whose other side is closed: SIGHUP, then writes
+    that fail): every task gets the notice, nothing runs on past --drain-grace and --stop-grace,
+    and run.json reads as ended. Before, the tasks lived on until their lease ran out."""
+    import fcntl
+    import pty
+    import select
+    import termios
+    inventory, runs_dir = local_env
+    master, terminal = pty.openpty()
+    launcher = subprocess.Popen(
+        launcher_argv(inventory, runs_dir, "--drain-grace", "3", "--stop-grace", "3"),
+        cwd=REPO, stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
+        # Its own session, with the pty as its controlling terminal, as a login shell's.
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+        env=fake_env({"FAKE_WORKER_0": "drain", "FAKE_PS_0": "drain"}))
+    os.close(terminal)
+    shown = []
+
+    def running():
+        while select.select([master], [], [], 0)[0]:  # the live table, read as it is drawn
+            shown.append(os.read(master, 65536))
+        try:
+            return run_record(runs_dir)["state"] == "running"
+        except (AssertionError, OSError, ValueError):
+            return False
+    try:
+        wait_for(running, 90, "the run to be running")
+        record = run_record(runs_dir)
+        pids = [t["pid"] for t in record["tasks"].values()]
+        closed = time.monotonic()
+        os.close(master)  # the terminal goes away
+        master = None
+        wait_for(lambda: not any(pid_alive(p) for p in pids), 3 + 3 + 10, "the tasks to end")
+        gone = time.monotonic() - closed
+        launcher.wait(timeout=60)
+    finally:
+        launcher.kill()
+        if master is not None:
+            os.close(master)
+    assert b"tfcluster: run " in b"".join(shown)  # the launcher wrote to its terminal
+    assert gone < 3 + 3, "tasks ran %.1fs after the terminal closed" % gone
+    assert launcher.returncode == 130
+    assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGHUP")
+
+
+def test_sigterm_drains_multi_worker_mirrored_to_one_checkpoint_a_resume_goes_on_from(local_env):
+    """Real TensorFlow: SIGTERM to the launcher of a MultiWorkerMirroredStrategy run. Both
+    workers end after the same step (the notice rides the step's all-reduce), the chief commits
+    that step's checkpoint, both exit 42; `--resume` restores it and trains on from there."""
+    from trainers.common import checkpoints
+    inventory, runs_dir = local_env
+    launcher = subprocess.Popen(
+        launcher_argv(inventory, runs_dir, "--run-id", "first", "--workers", "2", "--ps", "0",
+                      example="multi_worker_mirrored", trainer_args=["--train_steps=1000000"]),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = os.path.join(runs_dir, "first", "worker-1.log")
+    try:
+        wait_for(lambda: os.path.exists(log) and "TFCLUSTER_METRIC" in open(log).read(), 240,
+                 "worker:1 to train")
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, out[-3000:] + err
+    record = run_record(runs_dir, "first")
+    steps = {r["global_step"] for r in record["results"].values()}
+    assert len(steps) == 1 and all(r["drained"] for r in record["results"].values()), steps
+    assert {(t["exit"], t["state"]) for t in record["tasks"].values()} == {(42, "stopped")}
+    folder = os.path.join(record["tasks"]["worker:0"]["host_run_dir"], "checkpoints")
+    drained_at = steps.pop()
+    assert checkpoints.latest(folder).step == drained_at
+    assert_run_clean(record)
+    tfcluster("launch", "multi_worker_mirrored", "--smoke", "-i", inventory, "--workers", "2",
+              "--ps", "0", "--chief", "0", "--run-id", "second", "--resume", "first", "--",
+              "--train_steps=%d" % (drained_at + 20), runs_dir=runs_dir, check=0)
+    resumed = run_record(runs_dir, "second")["results"]
+    assert {(r["start_step"], r["global_step"]) for r in resumed.values()} == \
+        {(drained_at, drained_at + 20)}
+
+
+def test_drain_of_a_run_its_launcher_follows_goes_through_the_launcher(local_env):
+    inventory, runs_dir = local_env
+    launcher = launcher_process(inventory, runs_dir, "--drain-grace", "3", "--stop-grace", "3",
+                                env={"FAKE_WORKER_0": "drain", "FAKE_PS_0": "drain"})
+    try:
+        record = wait_running(runs_dir)
+        drain = tfcluster("drain", runs_dir=runs_dir, check=0)
+        out, err = launcher.communicate(timeout=90)
+    finally:
+        launcher.kill()
+    assert "run %s: its launcher (pid %d) drains it" % (record["id"], launcher.pid) \
+        in drain.stdout
+    assert "run %s: interrupted" % record["id"] in drain.stdout
+    assert launcher.returncode == 130 and "SIGTERM received: draining every task" in out, err
+    assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGTERM")
+
+
+def test_drain_of_a_detached_run(local_env):
+    inventory, runs_dir = local_env
+    tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--ps", "1", "--workers", "2",
+              "--chief", "0", "--detach", "--run-id", "bg", runs_dir=runs_dir,
+              env={"FAKE_WORKER_0": "drain", "FAKE_WORKER_1": "forever", "FAKE_PS_0": "drain"},
+              check=0)
+    drain = tfcluster("drain", "bg", "--drain-grace", "3", "--grace", "3", runs_dir=runs_dir,
+                      check=0)
+    assert "termination notice to every task (tfcluster drain): they get 3s" in drain.stdout
+    assert "run bg: stopped; no task left running, ports free" in drain.stdout
+    assert_drained(run_record(runs_dir, "bg"), runs_dir, ["ps:0", "worker:0"], ["worker:1"],
+                   "tfcluster drain", state="stopped")
 
 
 def test_detach_status_logs_stop(local_env):

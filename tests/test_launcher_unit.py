@@ -3,17 +3,21 @@ from a script, so success policies, failures, timeouts, lost hosts, restarts, GP
 records are checked in milliseconds, without processes."""
 import io
 import json
+import os
 import queue
+import signal
 import threading
 import time
 
 import pytest
 
 from tfcluster.spec import catalog
-from tfcluster.errors import PreflightError, RunFailed, RunTimedOut
+from tfcluster.errors import PreflightError, RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.hosts.links import Outcomes
 from tfcluster.hosts.inventory import Machine, Slot
 from tfcluster.launch.launcher import Launch, LaunchOptions
+from tfcluster.runs import store as runs
+from tfcluster.runs.record import RunRecord, RunState
 from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import build_cluster
 from tfcluster_agent import protocol as P
@@ -27,7 +31,7 @@ class FakeLink:
         self.machine, self.events, self.exits, self.report = machine, events, exits, report
         self.hello, self.closed, self.detaching = None, False, False
         self.last_heard = time.monotonic()
-        self.alive, self.starts, self.specs = set(), {}, []
+        self.alive, self.starts, self.specs, self.stops = set(), {}, [], []
 
     def open(self, first=None):
         self.hello = P.Hello(pid=1, hostname=self.machine.address, boot_id="b")
@@ -65,6 +69,7 @@ class FakeLink:
                     self.alive.add(name)
             return P.Accepted()
         if isinstance(msg, P.Stop):
+            self.stops.append(msg)
             for name in sorted(self.alive & set(msg.names)):
                 self.emit(P.Exited(name=name, code=143, state="exited"))
             stopped = {n: "stopped" if n in self.alive else "not running" for n in msg.names}
@@ -272,3 +277,69 @@ def test_baseline_then_the_main_run_both_get_the_live_table(tmp_path, monkeypatc
     finally:
         reporter.close()
     assert (tmp_path / "runs" / "r-baseline" / "run.json").exists()
+
+
+def test_sigterm_and_sighup_drain_every_task_before_the_stop_and_ctrl_c_does_not(tmp_path):
+    """The stop that SIGTERM or SIGHUP brings carries the termination notice and --drain-grace
+    to every machine's agent; Ctrl-C (and any other end) stops at once. Every task was told
+    where the notice appears."""
+    for signum, drain in ((signal.SIGTERM, 7.0), (signal.SIGHUP, 7.0), (signal.SIGINT, 0.0)):
+        cluster = cluster_of()
+        hosts = FakeHosts([m for m, _ in cluster.machines()])
+        runs_dir = tmp_path / signum.name
+        launch = Launch(cluster, LaunchOptions(
+            example=catalog.custom_example("python train.py", "all_workers"),
+            runs_dir=str(runs_dir), run_id="r", drain_grace=7.0),
+            "inventory.yml", PlainReporter(stream=io.StringIO()), hosts=hosts)
+        link = next(iter(hosts.links.values()))
+        # The signal comes once every task runs (the handler, as the signal would call it).
+        threading.Thread(target=lambda: (wait_until(lambda: len(link.specs) == 3),
+                                         launch._on_signal(signum, None))).start()
+        with pytest.raises(RunInterrupted, match="interrupted by %s" % signum.name):
+            launch.run()
+        (stop,) = link.stops
+        assert (stop.drain, stop.reason) == (drain, signum.name if drain else "")
+        assert sorted(stop.names) == ["ps-0", "worker-0", "worker-1"]
+        for spec in link.specs:
+            assert spec["env"][P.DRAIN_FILE_ENV] == "/opt/t/work/r/" + P.DRAIN_FILE
+        record = json.loads((runs_dir / "r" / "run.json").read_text())
+        assert record["state"] == "interrupted" and record["ended"]
+        # `tfcluster drain` finds this launcher by its record (teardown.launcher_following).
+        assert record["launcher"]["pid"] == os.getpid() and record["launcher"]["start"]
+
+
+def wait_until(condition, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_resume_of_a_checkpoint_folder_another_run_writes_is_refused_naming_it(tmp_path):
+    """--resume A while A still runs, or while another run resumes A: refused at preflight in
+    one line naming that run, nothing started, no run folder. Once they ended, it goes."""
+    runs_dir = tmp_path / "runs"
+    for run_id, state, of in (("a", RunState.RUNNING, "a"), ("b", RunState.SUCCEEDED, "a"),
+                              ("c", RunState.RUNNING, "c")):
+        runs.save(RunRecord(id=run_id, runs_dir=str(runs_dir), state=state, checkpoints_of=of,
+                            created="2026-11-28T00:00:0%d+00:00" % len(run_id)))
+    outcome, record, _, hosts = run(tmp_path, cluster_of(), {}, resume="a")
+    assert isinstance(outcome, PreflightError) and outcome.exit_code == 3
+    assert str(outcome) == ("--resume a: its checkpoint folder is being written by run a "
+                            "(running): wait for it to end or stop it (`tfcluster stop a`); "
+                            "nothing was started")
+    assert record is None and all(not link.specs for link in hosts.links.values())
+    stale = runs.load(str(runs_dir), "a")
+    stale.become(RunState.STOPPED)
+    runs.save(stale)
+    runs.save(RunRecord(id="d", runs_dir=str(runs_dir), state=RunState.RUNNING,
+                        checkpoints_of="a", created="2026-11-28T00:00:09+00:00"))
+    outcome, _, _, _ = run(tmp_path, cluster_of(), {}, resume="a")
+    assert isinstance(outcome, PreflightError) and "written by run d (running)" in str(outcome)
+    finished = runs.load(str(runs_dir), "d")
+    finished.become(RunState.FAILED)
+    runs.save(finished)
+    outcome, record, console, _ = run(tmp_path, cluster_of(), {"worker-0": [0], "worker-1": [0]},
+                                      resume="a")
+    assert outcome is None, console
+    assert record["checkpoints_of"] == "a"

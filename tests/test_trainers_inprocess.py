@@ -12,6 +12,8 @@ TensorFlow cannot stop a server: theirs end, and their ports are freed, with the
 """
 import io
 import json
+import os
+import random
 import threading
 
 import pytest
@@ -22,7 +24,7 @@ from tfcluster_agent import protocol
 from trainers import (census_widendeep, cifar10, data_parallel, grpc_server, mnist_async,
                       mnist_replica, mnist_towers, model_parallel, multi_worker_mirrored,
                       ps_strategy)
-from trainers.common import bootstrap, data, strategies, towers
+from trainers.common import bootstrap, checkpoints, data, loop, strategies, towers
 
 CIFAR_TINY = {"batch_size": 16, "conv_filters": 4, "fc_units": "16,8", "image_size": 16,
               "eval_examples": 100, "learning_rate": 0.05, "num_gpus": 0}
@@ -122,14 +124,19 @@ def test_options_refuse_an_unknown_key():
 
 
 def test_mnist_async(tf, capsys, tmp_path, digits):
-    result = mnist_async.run({"data_dir": str(tmp_path / "absent"), "train_steps": 40,
-                              "batch_size": 32, "checkpoint_dir": str(tmp_path)},
-                             one_ps_one_worker(), dataset=digits)
+    """Its chief commits a whole checkpoint (checkpoints.commit); a second run resumes there."""
+    options = {"data_dir": str(tmp_path / "absent"), "train_steps": 40, "batch_size": 32,
+               "checkpoint_dir": str(tmp_path / "ckpt")}
+    result = mnist_async.run(options, one_ps_one_worker(), dataset=digits)
     out = capsys.readouterr().out
     check(result, out, "worker:0")
     assert result["others_finished"] is True and result["checkpoint_step"] == 40
-    assert "Test-Accuracy" in out and any(p.name.startswith("model.ckpt-40")
-                                          for p in tmp_path.iterdir())
+    saved = checkpoints.latest(options["checkpoint_dir"])
+    assert "Test-Accuracy" in out and saved.step == 40
+    assert os.path.basename(saved.entry) == "model.ckpt-40"
+    again = mnist_async.run(dict(options, train_steps=50), one_ps_one_worker(), dataset=digits)
+    assert "restoring checkpoint %s" % saved.folder in capsys.readouterr().out
+    assert again["start_step"] == 40 and again["checkpoint_step"] == 50
 
 
 def test_model_parallel(tf, capsys, digits, absent):
@@ -190,6 +197,36 @@ def test_multi_worker_mirrored(tf, capsys, digits, absent):
                                        bootstrap.in_process_cluster(), dataset=digits)
     check(result, capsys.readouterr().out, "worker:0")
     assert result["replicas_in_sync"] == 1 and result["accuracy"] > 0.5
+
+
+@pytest.mark.slow  # twenty runs: ~1.5 s of CPU each
+def test_multi_worker_mirrored_drains_leave_a_whole_checkpoint_at_or_after_the_drain(
+        tf, capsys, digits, absent, tmp_path, monkeypatch):
+    """20 drains at random steps: the termination notice appears after a random step; the loop
+    ends within a step, its checkpoint is complete (checkpoints.latest verifies it) and of that
+    step or later, the result says `drained`, and the next run resumes there."""
+    notice = tmp_path / "drain"
+    tick, drain_at = loop.Progress.tick, {}
+
+    def tick_then_notice(progress, step, loss=None, **scalars):
+        tick(progress, step, loss, **scalars)
+        if step >= drain_at["step"]:
+            notice.touch()
+
+    monkeypatch.setattr(loop.Progress, "tick", tick_then_notice)
+    cluster = bootstrap.in_process_cluster(env=bootstrap.TaskEnv(drain_file=str(notice)))
+    options = dict(absent, train_steps=10 ** 6, batch_size=32, learning_rate=0.5,
+                   checkpoint_dir=str(tmp_path / "ckpt"), save_every_steps=7)
+    rng, start = random.Random(42), 0
+    for _ in range(20):
+        drain_at["step"] = start + rng.randint(1, 12)
+        result = multi_worker_mirrored.run(options, cluster, dataset=digits)
+        saved = checkpoints.latest(options["checkpoint_dir"])
+        assert result["drained"] is True and result["start_step"] == start, result
+        assert saved.step == result["global_step"] == drain_at["step"] + 1, (saved, drain_at)
+        notice.unlink()
+        start = saved.step
+    assert "termination notice at step" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- servers in this process
@@ -307,6 +344,13 @@ def test_entry_reads_flags_and_environment_then_runs_and_prints_the_result_line(
     ((args, cluster, env),) = calls
     assert args.epochs == 3 and cluster is None and env.run_dir == "/runs/r" and graph == [args]
     assert lines(capsys.readouterr().out, "result") == [{"loss": 0.5}]
+    # A task that ended on the termination notice (its file named by the environment) exits
+    # with TensorFlow's own status for it.
+    drained = {"drained": True}
+    assert bootstrap.main(mnist_towers.build_parser, lambda *a, **k: drained, [],
+                          {protocol.DRAIN_FILE_ENV: "/runs/r/drain"},
+                          find_cluster=bootstrap.cluster_if_given) == protocol.DRAINED_EXIT == 42
+    assert lines(capsys.readouterr().out, "result") == [drained]
     # TF_CONFIG's cluster, the inter-op threads raised before TensorFlow and the TaskEnv read
     # them; a ps has no result line.
     environ = {"TF_NUM_INTEROP_THREADS": "1", "TF_CONFIG": json.dumps(

@@ -24,6 +24,7 @@ import time
 if not sys.pycache_prefix:
     sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tfcluster_agent import jsonc as json  # noqa: E402
 from tfcluster_agent import protocol as P  # noqa: E402
 from tfcluster_agent import supervisor as S  # noqa: E402
 from tfcluster_agent.reach import ReachRequests  # noqa: E402
@@ -207,7 +208,13 @@ class Agent(ReachRequests, TaskWatching):
                  if is_task_name(n)]
         # A task whose exit was sent has its status written: nothing of it to stop or wait for.
         result = {n: "not running" for n in names if n in self.tasks and self.tasks[n].exit_sent}
-        ports, deadline = [int(p) for p in msg.ports], time.monotonic() + msg.grace + 15
+        ports = [int(p) for p in msg.ports]
+        deadline = time.monotonic() + msg.drain + msg.grace + 15
+        drain_until = time.monotonic() + msg.drain
+        if msg.drain and len(result) < len(names):
+            # The termination notice, before anything is stopped: the tasks save and exit.
+            S.write_atomic(os.path.join(self.run_dir, P.DRAIN_FILE), json.dumps(
+                {"reason": msg.reason, "stop_at": time.time() + msg.drain}))
         if len(result) == len(names):
             self.stopping = (None, names, ports, result, deadline)  # no thread to wait for
             return
@@ -222,6 +229,9 @@ class Agent(ReachRequests, TaskWatching):
                         task.supervisor.poll() is None and not os.path.exists(pid_file) and \
                         time.monotonic() < deadline:
                     time.sleep(0.02)
+                while time.monotonic() < drain_until and \
+                        S.task_state(self.run_dir, name)["alive"]:
+                    time.sleep(0.05)
                 result[name] = S.stop_task(self.run_dir, name, msg.grace)
             threads = [threading.Thread(target=stop_one, args=(n,)) for n in names
                        if n not in result]

@@ -47,6 +47,15 @@ def sha256(data=b""):
     return _SHA256[0](data)
 
 
+def file_sha256(path):
+    """The hex sha256 of the file PATH, read a MiB at a time."""
+    digest = sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def code_files(code_root, folders=None):
     """(relative path, path) of every host code file below CODE_ROOT, in order; the folders
     looked into are added to the list FOLDERS, when given."""

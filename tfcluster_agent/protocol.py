@@ -15,7 +15,12 @@ and at the end one result line with the same keys and its totals:
 
 or, with this file on its PYTHONPATH (tfcluster puts it there), `protocol.report_metric(...)` and
 `protocol.report_result(...)`.
+
+Before tfcluster stops a run's tasks in a drain (SIGTERM or SIGHUP to the launcher, `tfcluster
+drain`), it writes the termination notice: the file $TFCLUSTER_DRAIN_FILE names. A program that
+sees it (`protocol.drain_requested()`) saves its checkpoint and exits, with DRAINED_EXIT.
 """
+import os
 import sys
 
 from tfcluster_agent import jsonc as json
@@ -70,6 +75,21 @@ def parse_line(line):
                 return None
             return (kind, value) if isinstance(value, dict) else None
     return None
+
+
+# ---------------------------------------------------------------- the termination notice
+
+DRAIN_FILE_ENV = "TFCLUSTER_DRAIN_FILE"
+DRAIN_FILE = "drain"  # in the task's host run folder, beside its log
+# How a program that drained exits: TensorFlow's own (PreemptionCheckpointHandler's exit_fn
+# outside Google's platforms), so that a launcher tells it from a failure.
+DRAINED_EXIT = 42
+
+
+def drain_requested(environ=None):
+    """True once tfcluster wrote this task's termination notice: checkpoint and exit."""
+    path = (os.environ if environ is None else environ).get(DRAIN_FILE_ENV)
+    return bool(path) and os.path.exists(path)
 
 
 # ---------------------------------------------------------------- task names
@@ -194,10 +214,14 @@ class Attach:
 
 @message
 class Stop:
+    """Stop the tasks NAMES: TERM, then KILL after GRACE s. With DRAIN s, the termination
+    notice (DRAIN_FILE, holding REASON) comes first, and the tasks get DRAIN s to end."""
     kind = "stop"
     names: list
     ports: list
     grace: float = 10.0
+    drain: float = 0.0
+    reason: str = ""
 
 
 @message

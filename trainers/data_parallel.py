@@ -224,7 +224,7 @@ def train(info, server, dataset, args):
     train_step = (master_step if master else worker_step)(info, sess, saver, model, dataset,
                                                           args, progress)
     step = start_step
-    while step < args.train_steps:
+    while step < args.train_steps and not progress.draining():
         step = train_step()
     progress.stop()
     results = (finish_master if master else finish_worker)(info, sess, saver, model, args,

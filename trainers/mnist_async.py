@@ -76,10 +76,11 @@ def train(info, server, dataset, args):
     progress, evaluate = loop.train_replica(info, sess, saver, args, model, dataset, target)
     extras = {"dataset": dataset.name, "target_step": target, "batch_size": args.batch_size,
               "learning_rate": args.learning_rate}
-    if info.is_chief:
+    if info.is_chief and not progress.drained:  # a drain saves at once: all got the notice
         extras["others_finished"] = sessions.finished_within(
             sess, model["wait_done"], args.finish_wait_secs,
             "the other workers did not finish within %gs; saving anyway" % args.finish_wait_secs)
+    if info.is_chief:
         step = int(sess.run(model["global_step"]))
         if sessions.save_checkpoint(sess, saver, args.checkpoint_dir, step):
             extras["checkpoint_step"] = step

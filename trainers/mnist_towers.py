@@ -171,10 +171,9 @@ def train(info, target, dataset, args, device_type, devices, env=None):
         config = towers.device_config(sessions.session_config(info))
     else:
         config = towers.device_config(v1.ConfigProto(allow_soft_placement=True))
-    manager = sessions.session_manager()
-    sess = manager.prepare_session(target, init_op=v1.global_variables_initializer(),
-                                   saver=saver, checkpoint_dir=args.checkpoint_dir or None,
-                                   config=config)
+    sess = sessions.restore_or_initialize(sessions.session_manager(), target,
+                                          v1.global_variables_initializer(), saver,
+                                          args.checkpoint_dir, config)
     train_x, train_y, valid_x, valid_y = split_validation(dataset, args.validation_size)
 
     def validate():
@@ -190,10 +189,10 @@ def train(info, target, dataset, args, device_type, devices, env=None):
                      args.batch_size, start_step))
     batches = data.batches(train_x, train_y, args.batch_size, seed=(args.seed, start_step))
     cost_time, step, history, observed = 0.0, start_step, [], None
-    while step < target_step:
+    while step < target_step and not progress.draining():
         timer = bootstrap.Timer()
         epoch_end = min(target_step, (step // per_epoch + 1) * per_epoch)
-        while step < epoch_end:
+        while step < epoch_end and not progress.draining():
             feed = split_feed(model, *next(batches), keep_prob=args.keep_prob)
             _, loss = loop.train_step(sess, progress, [model["train_op"], model["loss"]], feed)
             if observed is None:  # the first step ran traced: which devices ran each tower

@@ -12,7 +12,7 @@ import tempfile
 
 import numpy as np
 
-from trainers.common import bootstrap, data, loop, models, strategies
+from trainers.common import bootstrap, checkpoints, data, loop, models, strategies
 
 
 def build_parser():
@@ -37,12 +37,13 @@ def train(info, strategy, dataset, args):
                          % (args.batch_size, workers))
     with strategy.scope():
         model = models.build_classifier(tf, dataset, args)
-    checkpoints = restored = save_dir = None
+    saves = restored = save_dir = None
     if args.checkpoint_dir:
         # Every worker must take part in saving; only the chief's copy is kept.
         save_dir = args.checkpoint_dir if info.is_chief else tempfile.mkdtemp(prefix="mwms-")
-        checkpoints, restored = models.checkpoint_manager(tf, model, args.checkpoint_dir,
-                                                          save_to=save_dir)
+        saves = checkpoints.ObjectCheckpoints(tf, args.checkpoint_dir, save_to=save_dir,
+                                              log=bootstrap.log, model=model)
+        restored = saves.restore()
     per_replica_batch = args.batch_size // workers
 
     def build_inputs(context):
@@ -59,19 +60,27 @@ def train(info, strategy, dataset, args):
     global_batch = float(args.batch_size)
 
     @tf.function
-    def train_step(batches):
+    def train_step(batches, notice):
         def step_fn(x, y):
             with tf.GradientTape() as tape:
                 losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=model(x))
                 loss = tf.reduce_sum(losses) / global_batch
-            return loss, tape.gradient(loss, params)
-        loss, grads = strategy.run(step_fn, args=next(batches))
+            return tf.stack([loss, notice]), tape.gradient(loss, params)
+        status, grads = strategy.run(step_fn, args=next(batches))
         # All-reduce across the workers: every worker gets the same summed gradients.
         grads = [strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) for g in grads]
         for param, grad in zip(params, grads):
             param.assign_sub(learning_rate * grad)
         model.steps.assign_add(1)
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+        # [the batch loss, the replicas that saw the termination notice], the same on every
+        # worker: all of them end (and save, together) after the same step.
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, status, axis=None)
+
+    def save(step):
+        found = saves.save(step)
+        if info.is_chief:
+            bootstrap.log("saved checkpoint %s" % found.folder)
+        return step
 
     start_step = int(model.steps.numpy())
     initial_loss, initial_acc, _ = models.evaluate(tf, model, dataset)
@@ -79,21 +88,27 @@ def train(info, strategy, dataset, args):
                   % (info.label, workers, initial_loss, initial_acc))
     progress = loop.Progress(info, args, args.batch_size, start_step, initial_loss, initial_acc,
                              expected_steps=args.train_steps - start_step)
+    saved = None
     for step in range(start_step + 1, args.train_steps + 1):
-        progress.tick(step, float(train_step(iterator)))
+        loss, notices = train_step(iterator, tf.constant(float(progress.notice()))).numpy()
+        progress.tick(step, float(loss))
+        if notices:
+            progress.drain()
+            break
+        if saves is not None and args.save_every_steps and step % args.save_every_steps == 0:
+            saved = save(step)
     progress.stop()
     steps = int(model.steps.numpy())
+    if saves is not None:
+        if saved != steps:
+            save(steps)
+        if not info.is_chief:
+            shutil.rmtree(save_dir, ignore_errors=True)
     loss, acc, _ = models.evaluate(tf, model, dataset)
     total = checksum(model)
     bootstrap.log("%s: after %d synchronous steps (%.2f s): test loss %.4f, accuracy %.4f (%s); "
                   "parameter checksum %.6f" % (info.label, steps, progress.elapsed, loss, acc,
                                                 dataset.name, total))
-    if checkpoints is not None:
-        path = checkpoints.save()
-        if info.is_chief:
-            bootstrap.log("saved checkpoint %s" % path)
-        else:
-            shutil.rmtree(save_dir, ignore_errors=True)
     # The replicas run where the strategy put them (GPU:i when the worker has GPUs).
     return progress.result(
         loss, acc, devices=[models.local_device(d) for d in strategy.extended.worker_devices],

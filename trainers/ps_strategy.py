@@ -10,7 +10,7 @@ training loop (plain SGD): no Keras, which does not support this strategy any mo
 The run succeeds when the chief exits 0; tfcluster then stops the workers and ps tasks (they
 serve until stopped: TensorFlow has no remote shutdown).
 """
-from trainers.common import bootstrap, data, loop, models, sessions, strategies
+from trainers.common import bootstrap, checkpoints, data, loop, models, sessions, strategies
 
 
 def build_parser():
@@ -43,9 +43,11 @@ def train(info, dataset, args):
     shard_devices = {name: [v.device for v in shards(p)] for name, p in model.named_params.items()}
     bootstrap.log("chief: %d workers, %d ps; variable shards: %s"
                   % (info.num_workers, info.num_ps, shard_devices))
-    checkpoints, restored = None, None
+    saves, restored = None, None
     if args.checkpoint_dir:
-        checkpoints, restored = models.checkpoint_manager(tf, model, args.checkpoint_dir)
+        saves = checkpoints.ObjectCheckpoints(tf, args.checkpoint_dir, log=bootstrap.log,
+                                              model=model)
+        restored = saves.restore()
     start_steps = int(model.steps.numpy())
     train_x, train_y = dataset.train_x, dataset.train_y
 
@@ -73,7 +75,11 @@ def train(info, dataset, args):
     initial_loss, initial_acc, _ = models.evaluate(tf, model, dataset)
     progress = loop.Progress(info, args, args.batch_size, start_steps, initial_loss, initial_acc,
                              expected_steps=args.train_steps)
+    scheduled = 0
     for step in range(1, args.train_steps + 1):
+        if progress.draining():
+            break
+        scheduled = step
         remote = coordinator.schedule(train_step, args=(iterator,))
         loss = None
         if step % progress.log_every == 0:
@@ -81,13 +87,13 @@ def train(info, dataset, args):
         progress.tick(start_steps + step, loss)
     coordinator.join()
     progress.stop()
+    if saves is not None:
+        bootstrap.log("saved checkpoint %s" % saves.save(int(model.steps.numpy())).folder)
     applied = int(model.steps.numpy()) - start_steps
     loss, acc, device = models.evaluate(tf, model, dataset)
     bootstrap.log("chief: %d steps applied by %d workers in %.2f s; test loss %.4f, accuracy %.4f"
                   " (%s)" % (applied, info.num_workers, progress.elapsed, loss, acc,
                              dataset.name))
-    if checkpoints is not None:
-        bootstrap.log("saved checkpoint %s" % checkpoints.save())
     # The chief's own compute is the evaluation; the training steps run on the workers.
     return progress.result(
         loss, acc, devices=[models.local_device(device)], global_step=int(model.steps.numpy()),
@@ -96,7 +102,7 @@ def train(info, dataset, args):
         shard_devices=shard_devices,
         ps_tasks_per_variable={name: sorted({d.split("/device:")[0] for d in devices})
                                for name, devices in shard_devices.items()},
-        scheduled_steps=args.train_steps, steps_applied=applied, restored=restored)
+        scheduled_steps=scheduled, steps_applied=applied, restored=restored)
 
 
 def run(options, cluster, dataset=None):

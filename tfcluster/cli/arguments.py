@@ -51,6 +51,10 @@ def build_parser(only=None):
                         "0 when a chief job succeeded)")
     p.add_argument("--stop-grace", type=seconds, default=10.0,
                    help="seconds between TERM and KILL when stopping tasks (default 10)")
+    p.add_argument("--drain-grace", type=seconds, default=30.0,
+                   help="when SIGTERM or SIGHUP (a closed terminal) ends the launch: seconds "
+                        "the tasks get after the termination notice to checkpoint and end, "
+                        "before they are stopped (default 30)")
     p.add_argument("--lease", type=seconds, default=60.0,
                    help="seconds tasks outlive a launcher that vanished without stopping them "
                         "(default 60; --detach runs have no lease)")
@@ -118,6 +122,14 @@ def build_parser(only=None):
     p = sub.add_parser("stop", help="stop every task of a run, collect its logs")
     p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
     p.add_argument("--grace", type=seconds, default=10.0)
+    p = sub.add_parser("drain", help="give every task of a run the termination notice (they "
+                                     "checkpoint and end), then stop it")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
+    p.add_argument("--drain-grace", type=seconds, default=30.0,
+                   help="seconds the tasks get after the notice (default 30; a run whose "
+                        "launcher still runs drains with its launch's --drain-grace)")
+    p.add_argument("--grace", type=seconds, default=10.0,
+                   help="then, seconds between TERM and KILL (default 10)")
     sub.add_parser("runs", help="list past and current runs")
     launch = sub.choices["launch"]
     launch.add_argument("--stall-after", type=stall_seconds, metavar="S",

@@ -85,7 +85,8 @@ def launch_planned(args, example, counts, extra_env, user_args, planned):
         timeout=args.timeout, user_args=tuple(user_args), smoke=args.smoke, counts=counts,
         intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,
         start_timeout=args.start_timeout, finish_grace=args.finish_grace,
-        stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
+        stop_grace=args.stop_grace, drain_grace=args.drain_grace, resume=args.resume,
+        lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
         stall_after=args.stall_after, on_stall=args.on_stall or "report",
@@ -178,6 +179,10 @@ def cmd_stop(args):
     return manage.stop(args.runs_dir, args.run, args.grace)
 
 
+def cmd_drain(args):
+    return manage.drain(args.runs_dir, args.run, args.grace, args.drain_grace)
+
+
 def cmd_runs(args):
     return manage.history(args.runs_dir)
 
@@ -215,10 +220,12 @@ def cmd_stacks(args):
 
 
 # The commands that read an inventory or start agents: tfcluster_agent/cachedir.py.
-CACHING = {"launch", "spec", "check", "gpus", "sync", "deploy", "status", "logs", "stop", "stacks"}
+CACHING = {"launch", "spec", "check", "gpus", "sync", "deploy", "status", "logs", "stop", "drain",
+           "stacks"}
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
             "sync": cmd_sync, "examples": cmd_examples,
-            "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
+            "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "drain": cmd_drain,
+            "runs": cmd_runs,
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
             "deploy": cmd_module, "init": cmd_module, "wheelhouse": cmd_module,
             "stacks": cmd_stacks}

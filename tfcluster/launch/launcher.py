@@ -12,25 +12,29 @@ from tfcluster.gpus import claims as gpuqueue
 from tfcluster.launch import proxy
 from tfcluster.runs import store as runs
 from tfcluster.launch import sharing
-from tfcluster.errors import (RunFailed, RunInterrupted, RunTimedOut,
+from tfcluster.errors import (PreflightError, RunFailed, RunInterrupted, RunTimedOut,
                               TfclusterError, UsageError)
 from tfcluster.hosts.links import Hosts
 from tfcluster.runs.metrics import MetricsStore, efficiency_message
 from tfcluster.launch.monitor import Monitor, failed_run, first_failure, policy_met, tracked
 from tfcluster.launch.plan import launch_counts, make_cluster
 from tfcluster.view.plot import write_run_svg
-from tfcluster.launch.preflight import controller_code_hash, preflight, print_preflight
+from tfcluster.launch.preflight import (check_checkpoint_folder, controller_code_hash, preflight,
+                                        print_preflight)
 from tfcluster.runs.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
 from tfcluster.view.report import PlainReporter
 from tfcluster.diagnosis.stall import StallFollower
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
 from tfcluster.runs.store import host_run_dir
-from tfcluster.launch.teardown import finish, stop_tasks, write_task_records
+from tfcluster.launch.teardown import (STOP_SIGNALS, Drain, finish, silence_terminal,
+                                       stop_tasks, write_task_records)
 from tfcluster_agent import protocol as P
+from tfcluster_agent.supervisor import boot_id, start_time
 from tfcluster_agent.values import field, replace, value_class
 
 DEFAULT_FINISH_GRACE = 30.0
-WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once
+WAKE_SECONDS = 0.25
+DRAIN_SIGNALS = ("SIGTERM", "SIGHUP")  # deadlines are checked at least this often; events wake the loop at once
 
 
 @value_class(frozen=True)
@@ -48,6 +52,7 @@ class LaunchOptions:
     start_timeout: float = 60.0
     finish_grace: float | None = None
     stop_grace: float = 10.0
+    drain_grace: float = 30.0     # after the termination notice of SIGTERM or SIGHUP
     resume: str | None = None
     lease: float = 60.0
     lost_contact: float = 30.0
@@ -78,18 +83,20 @@ class Launch:
 
     # -- signals: one shutdown event
     def _on_signal(self, signum, frame):
+        if signum == signal.SIGHUP:
+            silence_terminal()  # closed: nobody reads it any more
         if not self.started:
             raise KeyboardInterrupt
         if self.stop_reason is None:
             self.stop_reason = signal.Signals(signum).name
-            self.reporter.note("%s received: stopping every task (wait for the teardown)"
-                               % self.stop_reason)
+            self.reporter.note("%s received: %s every task (wait for the teardown)" % (
+                self.stop_reason, "draining" if self._drain() else "stopping"))
         self.stop_event.set()
         if self.monitor is not None:
             self.monitor.wake()
 
     def run(self):
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         try:
             with runs.private_files():
                 return self._run()
@@ -106,6 +113,7 @@ class Launch:
         self.reporter.note("run %s: %s on %d task(s), %d host(s)" % (
             self.run_id, options.example.name, len(self.cluster.tasks),
             len(self.cluster.machines())))
+        check_checkpoint_folder(options.runs_dir, options.resume, self.run_id)
         # Every training task on a GPU machine gets free, healthy GPUs of its own, claimed for
         # this run (with --wait, once they are free); the others see none.
         reports, self.cluster = gpuqueue.secure(
@@ -124,9 +132,14 @@ class Launch:
             self.reporter.note(proxies)
         try:
             self._write_record(reports, specs)
-        except OSError as err:
+            # Again once this run is on record: of two launches that resume one run at once,
+            # at least one sees the other.
+            check_checkpoint_folder(options.runs_dir, options.resume, self.run_id)
+        except (OSError, PreflightError) as err:
             import shutil  # here: bz2, lzma and fnmatch, 2 ms of every launch's start
             shutil.rmtree(self.record.dir, ignore_errors=True)
+            if isinstance(err, PreflightError):
+                raise
             raise UsageError("cannot write the run's records in %s: %s: free some space or pass "
                              "another --runs-dir; nothing was started" % (
                                  self.record.dir, err.strerror or err)) from None
@@ -162,7 +175,8 @@ class Launch:
         finally:
             if outcome is not None or not options.detach:
                 outcome = finish(self.hosts, self.cluster, self.record, self.monitor, outcome,
-                                 options.stop_grace, self.reporter, lost={m.key for m in lost})
+                                 options.stop_grace, self.reporter, lost={m.key for m in lost},
+                                 drain=self._drain())
             self.metrics.close()
             write_run_svg(self.record.dir, self.metrics, self.reporter)
         if crash is not None:
@@ -171,10 +185,21 @@ class Launch:
             raise outcome
         return 0
 
+    def _drain(self):
+        """The Drain of a launch that SIGTERM or SIGHUP ends (a kill, a closed terminal): the
+        tasks checkpoint before they are stopped. Ctrl-C and failures stop at once (None)."""
+        if self.stop_reason in DRAIN_SIGNALS:
+            return Drain(self.options.drain_grace, self.stop_reason)
+        return None
+
     def _write_record(self, reports, specs):
         record, options = self.record, self.options
         record.become(RunState.STARTING)
         record.example, record.created = options.example.name, runs.now()
+        record.checkpoints_of = options.resume or self.run_id
+        if not options.detach:
+            record.launcher = {"pid": os.getpid(), "start": start_time(os.getpid()),
+                               "boot": boot_id()}
         record.inventory = os.path.abspath(self.inventory)
         record.success_policy, record.smoke = options.example.success, options.smoke
         record.user_args, record.detach = list(options.user_args), options.detach

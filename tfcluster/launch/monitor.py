@@ -281,6 +281,8 @@ def describe_exit(state):
     if state.state == TaskState.LOST:
         return "disappeared without an exit status"
     code = state.exit
+    if code == P.DRAINED_EXIT:
+        return "ended on the termination notice (status %d)" % code
     if code is not None and code > 128:
         try:
             return "was killed by %s" % signal.Signals(code - 128).name
@@ -302,6 +304,7 @@ def task_state(task, state):
         return TaskState.SUCCEEDED
     if task.job == "ps" and code is not None and code >= 128:
         return TaskState.STOPPED
-    if code is not None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL):
+    if code is not None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL,
+                                     P.DRAINED_EXIT):  # the last: it saved and ended on notice
         return TaskState.STOPPED
     return TaskState.FAILED

@@ -7,6 +7,7 @@ from tfcluster.launch import reach
 from tfcluster.spec.catalog import code_root
 from tfcluster.errors import PreflightError, Problem
 from tfcluster.hosts.links import Hosts
+from tfcluster.runs import store as runs
 from tfcluster.runs.record import PreflightReport
 from tfcluster_agent import datafiles
 from tfcluster_agent import protocol as P
@@ -89,6 +90,20 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
     if not problems:  # every host is ready: can each reach the ports its tasks will dial?
         problems += reach.check(hosts, cluster)
     return reports, problems
+
+
+def check_checkpoint_folder(runs_dir, resume, run_id):
+    """A launch with --resume RESUME writes RESUME's checkpoint folder: PreflightError when
+    another run that is still going (not RUN_ID) writes it, RESUME itself or another run that
+    resumes it. A launch without --resume writes a folder of its own, new with its run."""
+    if not resume:
+        return
+    for record in runs.all_runs(runs_dir):
+        if record.id != run_id and record.active and resume in (record.id, record.checkpoints_of):
+            raise PreflightError(
+                "--resume %s: its checkpoint folder is being written by run %s (%s): wait for "
+                "it to end or stop it (`tfcluster stop %s`); nothing was started"
+                % (resume, record.id, record.state, record.id))
 
 
 def print_preflight(reporter, cluster, reports):

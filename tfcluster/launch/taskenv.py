@@ -6,6 +6,7 @@ from tfcluster.runs.store import host_run_dir
 from tfcluster.gpus import placement as gpus
 from tfcluster.spec.catalog import task_command
 from tfcluster_agent import datafiles
+from tfcluster_agent import protocol as P
 from tfcluster_agent.taskspec import TaskSpec
 
 
@@ -54,7 +55,9 @@ def task_specs(cluster, options, run_id, threads):
                # console leaves them out (report.NOISE).
                "TF_CPP_MIN_LOG_LEVEL": "0",
                "TFCLUSTER_RUN_ID": run_id, "TFCLUSTER_TASK": task.label,
-               "TFCLUSTER_RUN_DIR": run_dir}
+               "TFCLUSTER_RUN_DIR": run_dir,
+               # Where the termination notice of a drain appears (the agent writes it).
+               P.DRAIN_FILE_ENV: run_dir + "/" + P.DRAIN_FILE}
         env.update(gpus.task_env(task, cluster))
         env.update(options.env)
         if example.name == "custom":

@@ -14,20 +14,26 @@ from tfcluster.runs.record import RunState, TaskState
 from tfcluster.diagnosis.stall import stall_cause
 from tfcluster.view.summary import print_summary
 from tfcluster_agent import protocol as P
+from tfcluster_agent.supervisor import group_is_ours
+from tfcluster_agent.values import value_class
 
 COLLECTED_FOLDERS = ("tensorboard",)
 
 
-def stop_tasks(hosts, cluster, grace, skip=()):
-    """Stop every task of the run on every reachable machine; returns the leftovers, if any."""
+def stop_tasks(hosts, cluster, grace, skip=(), drain=None):
+    """Stop every task of the run on every reachable machine; returns the leftovers, if any.
+    DRAIN (a Drain): every task gets the termination notice first, and its seconds to end."""
+    drain = drain or Drain()
+
     def stop(link):
         mine = [t for t in cluster.tasks if t.machine.key == link.machine.key]
         return link.request(P.Stop(names=[t.name for t in mine],
-                                   ports=[t.port for t in mine if t.port], grace=grace),
-                            timeout=grace + 20, what="to stop its tasks")
+                                   ports=[t.port for t in mine if t.port], grace=grace,
+                                   drain=drain.seconds, reason=drain.reason),
+                            timeout=drain.seconds + grace + 20, what="to stop its tasks")
 
     machines = [m for m, _ in cluster.machines() if m.key not in skip]
-    outcomes = hosts.each(stop, machines, timeout=grace + 25)
+    outcomes = hosts.each(stop, machines, timeout=drain.seconds + grace + 25)
     leftovers = ["%s: unreachable, its tasks stop themselves when their lease runs out"
                  % m.label for m, _ in cluster.machines() if m.key in skip]
     for machine in machines:
@@ -42,6 +48,19 @@ def stop_tasks(hosts, cluster, grace, skip=()):
             leftovers.append("%s: ports still busy: %s"
                              % (machine.label, ", ".join(map(str, answer.busy_ports))))
     return leftovers
+
+
+@value_class(frozen=True)
+class Drain:
+    """A stop that begins with the termination notice (protocol.DRAIN_FILE): the tasks get
+    SECONDS to checkpoint and end before they are stopped; REASON is what the notice says."""
+    seconds: float = 0.0
+    reason: str = ""
+
+
+def launcher_following(record):
+    """True while the launcher that RECORD names still runs, on this machine."""
+    return bool(record.active and record.launcher) and group_is_ours(record.launcher)
 
 
 def collect_files(hosts, cluster, record_dir, skip=()):
@@ -72,12 +91,15 @@ def safe_join(folder, relative):
 
 
 def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by_user=False,
-           lost=()):
-    """Stop everything, collect, record the end, print the summary; returns OUTCOME, or the
-    failure that came before it (earliest_failure)."""
+           lost=(), drain=None):
+    """Stop everything (after the termination notice, with DRAIN), collect, record the end,
+    print the summary; returns OUTCOME, or the failure that came before it (earliest_failure)."""
     monitor.causes.teardown_began()  # tasks that end from here on may be ours to stop
     with signals_deferred(reporter):
-        leftovers = stop_tasks(hosts, cluster, grace, skip=lost)
+        if drain is not None and drain.seconds:
+            reporter.note("termination notice to every task (%s): they get %gs to checkpoint "
+                          "and end" % (drain.reason, drain.seconds))
+        leftovers = stop_tasks(hosts, cluster, grace, skip=lost, drain=drain)
         monitor.pump(0)
         problems = collect_files(hosts, cluster, record.dir, skip=lost)
         hosts.close()
@@ -142,6 +164,29 @@ def end_state(outcome):
     return RunState.FAILED
 
 
+# The signals that end a launch: Ctrl-C, a kill, and the launcher's terminal closing.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def silence_terminal():
+    """After SIGHUP the terminal is gone and writing to it fails (EIO): the standard streams
+    that were a terminal write to /dev/null from here on, so the teardown runs to its end. (A
+    hung-up terminal is no longer a tty to isatty: a character device is what it still is.)"""
+    import stat
+    null = None
+    for fd in (1, 2):
+        try:
+            if not stat.S_ISCHR(os.fstat(fd).st_mode):
+                continue
+        except OSError:
+            continue
+        if null is None:
+            null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+    if null is not None:
+        os.close(null)
+
+
 class signals_deferred:
     """Teardown is not interrupted by a second Ctrl-C; it is bounded by the stop grace anyway."""
 
@@ -151,11 +196,13 @@ class signals_deferred:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, self._remind)
-                             for s in (signal.SIGINT, signal.SIGTERM)}
+            self.previous = {s: signal.signal(s, self._remind) for s in STOP_SIGNALS}
         return self
 
     def _remind(self, signum, frame):
+        if signum == signal.SIGHUP:
+            silence_terminal()
+            return
         self.reporter.note("already stopping every task; please wait")
 
     def __exit__(self, *exc):

@@ -263,6 +263,11 @@ class RunRecord:
     collection_problems: list = field(default_factory=list)
     exit_code: int | None = None
     failure: str | None = None
+    # The run whose checkpoint folder this one writes: its own id, or the run it resumes.
+    checkpoints_of: str | None = None
+    # The launcher that follows the run (none for --detach): its pid, start time and boot id,
+    # for `tfcluster drain` to signal it while it is still that process.
+    launcher: dict | None = None
     # While `launch --wait` waits for GPUs (state "waiting"): the launcher's pid and start time.
     waiting: dict | None = None
     # Where it lives on the controller, and whether this process created (owns) its folder.

@@ -71,9 +71,9 @@ def train_in_graph(tf, dataset, args, info, env, count, devices):
         allow_soft_placement=True, intra_op_parallelism_threads=env.intra_op_threads,
         inter_op_parallelism_threads=env.inter_op_threads))
     saver = v1.train.Saver(max_to_keep=2)
-    sess = sessions.session_manager().prepare_session(
-        "", init_op=v1.global_variables_initializer(), saver=saver,
-        checkpoint_dir=args.checkpoint_dir or None, config=config)
+    sess = sessions.restore_or_initialize(sessions.session_manager(), "",
+                                          v1.global_variables_initializer(), saver,
+                                          args.checkpoint_dir, config)
     session_devices = sorted(d.name for d in sess.list_devices())
     bootstrap.log("local: %d towers on %s; session devices %s"
                   % (count, devices, session_devices))
@@ -82,7 +82,7 @@ def train_in_graph(tf, dataset, args, info, env, count, devices):
     batches = model.build_inputs(dataset, args, seed=args.seed * 1000)
     progress = loop.Progress(info, args, args.batch_size, start_step, *initial,
                              expected_steps=args.train_steps - start_step, env=env)
-    while step < args.train_steps:
+    while step < args.train_steps and not progress.draining():
         feed = dict(zip((m["images"], m["labels"]), next(batches)))
         _, loss = loop.train_step(sess, progress, [m["train_op"], m["loss"]], feed)
         step += 1  # this process alone updates the variables

@@ -58,7 +58,7 @@ def train(info, server, dataset, args):
     # (the global step there counts applications, which lag behind on purpose).
     done = start["pushed"] if args.mode == "async_stale" else start["global_step"]
     version = int(sess.run(m["refresh"]))
-    while done < args.train_steps:
+    while done < args.train_steps and not progress.draining():
         images, labels = next(batches)
         feed = {m["images"]: images, m["labels"]: labels, m["version_in"]: version,
                 m["local_step_in"]: progress.local_steps}
@@ -79,6 +79,8 @@ def train(info, server, dataset, args):
         version, done = int(out["version"]), int(out["progress"])
         progress.tick(done, float(out["loss"]))
     elapsed = progress.stop()
+    if progress.drained and info.is_chief:  # now: the wait for the others may outlast the drain
+        sessions.save_checkpoint(sess, saver, args.checkpoint_dir, sess.run(m["global_step"]))
     sess.run(m["mark_done"])
     wait_for_others(sess, m, info, start, applier, args.op_timeout_s)
     end = read_counters(sess, m)

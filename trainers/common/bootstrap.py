@@ -26,10 +26,12 @@ class TaskEnv:
     restarted: bool = False     # TFCLUSTER_RESTARTS: a restarted task skips the start barrier
     intra_op_threads: int = 0   # TF_NUM_INTRAOP_THREADS (0: TensorFlow chooses)
     inter_op_threads: int = 0   # TF_NUM_INTEROP_THREADS
+    drain_file: str = ""        # TFCLUSTER_DRAIN_FILE: the termination notice appears there
 
     @classmethod
     def from_environ(cls, environ):
         return cls(run_dir=environ.get("TFCLUSTER_RUN_DIR", ""),
+                   drain_file=environ.get(protocol.DRAIN_FILE_ENV, ""),
                    restarted=bool(environ.get("TFCLUSTER_RESTARTS")),
                    intra_op_threads=int(environ.get("TF_NUM_INTRAOP_THREADS", 0) or 0),
                    inter_op_threads=int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0))
@@ -303,7 +305,8 @@ def main(build_parser, run, argv, environ, graph=False, find_cluster=cluster_fro
     TF_CONFIG's; None: the program runs alone), graph mode when GRAPH (a bool, or a function of
     the flags), at least INTER_OP_THREADS TensorFlow inter-op threads. Then RUN(args, cluster),
     or alone RUN(args, None, env=the TaskEnv), and the result line of a task that trained (a ps
-    has none). Returns the exit status, 0."""
+    has none). Returns the exit status: 0, or protocol.DRAINED_EXIT when the task ended on the
+    termination notice."""
     args = build_parser().parse_args(argv)
     if inter_op_threads:
         ensure_inter_op_threads(environ, inter_op_threads)
@@ -317,4 +320,6 @@ def main(build_parser, run, argv, environ, graph=False, find_cluster=cluster_fro
         result = run(args, cluster)
     if result is not None:
         protocol.report_result(result)  # the one line the launcher collects into run.json
+        if result.get("drained"):
+            return protocol.DRAINED_EXIT
     return 0

@@ -112,6 +112,8 @@ class Progress:
         env = env or (info.env if info is not None else bootstrap.TaskEnv())
         self.board = Scalars.for_task(name or (info.name if info is not None else "local"),
                                       env.run_dir)
+        self.drain_file = env.drain_file
+        self.drained = False  # the loop ended on the termination notice (draining())
         self.timer = bootstrap.Timer()
         self._last = (self.timer.seconds, 0, self.start_step)
         self.point(self.start_step, initial_loss, accuracy=initial_accuracy)
@@ -122,6 +124,24 @@ class Progress:
         self.step = int(step)
         if self.local_steps % self.log_every == 0:
             self.point(self.step, loss, **scalars)
+
+    def notice(self):
+        """True when the termination notice is here: a stat."""
+        return bool(self.drain_file) and os.path.exists(self.drain_file)
+
+    def draining(self):
+        """True once the termination notice reached this task (tfcluster drains the run): its
+        loop ends as at its target, the chief checkpoints, the result says `drained`."""
+        if not self.drained and self.notice():
+            self.drain()
+        return self.drained
+
+    def drain(self):
+        """End the loop on the termination notice (seen here, or by a peer: draining())."""
+        if not self.drained:
+            self.drained = True
+            bootstrap.log("%s: termination notice at step %d: checkpointing and ending"
+                          % (self.task, self.step))
 
     def point(self, step, loss=None, **scalars):
         now = self.timer.seconds
@@ -154,6 +174,8 @@ class Progress:
                   "start_step": self.start_step, "local_steps": self.local_steps,
                   "task": self.task, "devices": list(devices), "num_gpus": num_gpus()}
         result.update(extras)
+        if self.drained:
+            result["drained"] = True
         protocol.report_metric(step, loss, round(rate, 1), accuracy=accuracy)
         self.board.add(step, loss=loss, accuracy=accuracy, examples_per_s=rate)
         self.board.close()
@@ -209,7 +231,7 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
                         expected_steps=(target - start) / max(1, info.num_workers))
     step = start
     fetches = [model["loss"], model.get("step_after", model.get("train_op"))]
-    while step < target:
+    while step < target and not progress.draining():
         loss, step = train_step(sess, progress, fetches, feed(next(batches)), info.device,
                                 retry=True)
         if "step_after" not in model:

@@ -130,17 +130,6 @@ def evaluate(tf, model, dataset):
     return float(loss), float(accuracy), logits.device
 
 
-def checkpoint_manager(tf, model, directory, save_to=None):
-    """(checkpoint manager saving to SAVE_TO or DIRECTORY, restored path or None): a TF2
-    module resumes from the last checkpoint in DIRECTORY."""
-    checkpoint = tf.train.Checkpoint(model=model)
-    manager = tf.train.CheckpointManager(checkpoint, save_to or directory, max_to_keep=2)
-    restored = tf.train.latest_checkpoint(directory)
-    if restored:
-        checkpoint.restore(restored)
-    return manager, restored
-
-
 # ---------------------------------------------------------------- what ran where
 
 def traced_run(sess, fetches, feed_dict=None):

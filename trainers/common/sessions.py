@@ -1,9 +1,7 @@
 """Servers, sessions and checkpoints of the graph-mode (tf.compat.v1) trainers: a task's server,
 its session (between-graph replication with device filters, or in-process without a server),
 the start barrier, and checkpoints. Host side: TensorFlow and the standard library only."""
-import os
-
-from trainers.common import bootstrap
+from trainers.common import bootstrap, checkpoints
 
 # The shared variable every task increments at the start barrier.
 BARRIER = "tfcluster_start_barrier"
@@ -94,11 +92,21 @@ def prepare_session(info, server, manager, init_op, saver, checkpoint_dir, confi
     if info.in_process:
         localize_devices()
     if info.is_chief:
-        sess = manager.prepare_session(server.target, init_op=init_op, saver=saver,
-                                       checkpoint_dir=checkpoint_dir or None, config=config)
+        sess = restore_or_initialize(manager, server.target, init_op, saver, checkpoint_dir,
+                                     config)
     else:
         sess = manager.wait_for_session(server.target, config=config, max_wait_secs=max_wait_secs)
     return sess
+
+
+def restore_or_initialize(manager, target, init_op, saver, checkpoint_dir, config):
+    """MANAGER's session on TARGET: restored from CHECKPOINT_DIR's newest complete checkpoint
+    (checkpoints.latest), else initialised by INIT_OP."""
+    found = checkpoints.latest(checkpoint_dir, bootstrap.log)
+    if found is not None:
+        bootstrap.log("restoring checkpoint %s" % found.folder)
+    return manager.prepare_session(target, init_op=init_op, saver=saver, config=config,
+                                   checkpoint_filename_with_path=found and found.entry)
 
 
 def localize_devices(graph=None):
@@ -178,9 +186,10 @@ def finished_within(sess, fetches, seconds, warning):
 
 
 def save_checkpoint(sess, saver, checkpoint_dir, global_step):
+    """The chief's checkpoint of GLOBAL_STEP, committed whole into CHECKPOINT_DIR (none
+    without one); its folder."""
     if not checkpoint_dir:
         return None
-    os.makedirs(checkpoint_dir, exist_ok=True)
-    path = saver.save(sess, os.path.join(checkpoint_dir, "model.ckpt"), global_step=global_step)
-    bootstrap.log("saved checkpoint %s" % path)
-    return path
+    found = checkpoints.save_graph(sess, saver, checkpoint_dir, global_step)
+    bootstrap.log("saved checkpoint %s" % found.folder)
+    return found.folder
