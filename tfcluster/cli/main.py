@@ -17,7 +17,8 @@ from tfcluster.errors import TfclusterError, UsageError
 DEFAULT_INVENTORY = "inventory/local.yml"
 # The commands whose module adds its own arguments and does the work, imported only when it runs.
 COMMAND_MODULES = {"init": "tfcluster.cli.init", "wheelhouse": "tfcluster.deploy.wheelhouse",
-                   "deploy": "tfcluster.deploy.playbook"}
+                   "deploy": "tfcluster.deploy.playbook", "diff": "tfcluster.view.diff",
+                   "rerun": "tfcluster.cli.rerun"}
 COUNT_FLAGS = (("ps", "ps"), ("worker", "workers"), ("chief", "chief"), ("evaluator", "evaluators"))
 
 
@@ -150,7 +151,11 @@ def build_parser(only=None):
     for name, text in (("init", "write a starting inventory for your hosts"),
                        ("wheelhouse", "download the hosts' wheels and pack their venv, for an "
                                       "offline deploy"),
-                       ("deploy", "provision the inventory's machines (ansible-playbook)")):
+                       ("deploy", "provision the inventory's machines (ansible-playbook)"),
+                       ("diff", "what differs between two runs: code, packages, data, "
+                                "arguments, placement, final metrics"),
+                       ("rerun", "launch a run again with its arguments; warns where the code "
+                                 "or the packages differ")):
         p = sub.add_parser(name, help=text)
         if sub.builds(name):
             importlib.import_module(COMMAND_MODULES[name]).add_arguments(p)
@@ -179,13 +184,13 @@ def run():
 
 
 def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = full = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare `--` goes to the trainer untouched.
     trainer_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     parser = build_parser(named_command(argv, COMMANDS))
     args = parser.parse_args(argv)
-    args.trainer_args = trainer_args
+    args.trainer_args, args.argv = trainer_args, full
     if not args.command:
         parser.print_help()
         return 2
@@ -247,6 +252,7 @@ def planned_launch(inventory, example, counts, load_slots):
 
 def launch_planned(args, example, counts, extra_env, user_args, load_slots, planned):
     from tfcluster.launch import launcher
+    from tfcluster.runs.provenance import hidden_argv
     options = launcher.LaunchOptions(
         example=example, runs_dir=args.runs_dir, run_id=args.run_id, detach=args.detach,
         timeout=args.timeout, user_args=tuple(user_args), smoke=args.smoke, counts=counts,
@@ -255,7 +261,9 @@ def launch_planned(args, example, counts, extra_env, user_args, load_slots, plan
         stop_grace=args.stop_grace, resume=args.resume, lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
-        stall_after=args.stall_after, on_stall=args.on_stall, straggler_after=args.straggler_after)
+        stall_after=args.stall_after, on_stall=args.on_stall, straggler_after=args.straggler_after,
+        command_line=tuple(getattr(args, "command_line", None) or ["tfcluster"] + hidden_argv(
+            args.argv)), rerun_of=getattr(args, "rerun_of", None))
     if args.sync:
         from tfcluster.deploy import sync
         sync.sync(args.inventory)
@@ -375,7 +383,7 @@ def cmd_data(args):
 
 
 def cmd_module(args):
-    """deploy, init, wheelhouse: the module of the command's name does the work."""
+    """deploy, diff, init, rerun, wheelhouse: the module of the command's name does the work."""
     return importlib.import_module(COMMAND_MODULES[args.command]).run(args)
 
 
@@ -409,4 +417,5 @@ COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": 
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "runs": cmd_runs,
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
             "deploy": cmd_module, "init": cmd_module, "wheelhouse": cmd_module,
+            "diff": cmd_module, "rerun": cmd_module,
             "stacks": cmd_stacks}
