@@ -17,6 +17,7 @@ from tfcluster.cli.rerun import with_values
 from tfcluster.errors import UsageError
 from tfcluster.runs import provenance
 from tfcluster.runs import store as runs
+from tfcluster_agent import hostinfo
 from tfcluster_agent import provenance as hostfacts
 
 FAKE = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
@@ -36,6 +37,10 @@ def test_distributions_by_their_folders_the_first_of_a_name_winning(tmp_path):
     dist_info(first, "Foo_Bar", "1.0")
     dist_info(second, "foo.bar", "2.0")         # shadowed by site1's, as importlib would
     dist_info(added, "nvidia_nccl_cu12", "2.21.5")
+    # CUDA 13's wheels name the runtime alone; of cuDNN for two CUDA versions the newest counts.
+    dist_info(added, "nvidia_cuda_runtime", "13.0.96")
+    dist_info(added, "nvidia_cudnn_cu13", "9.19.0.56")
+    dist_info(added, "nvidia_cudnn_cu12", "9.3.0.75")
     os.makedirs(os.path.join(second, "old.egg-info"))
     (tmp_path / "site2" / "old.egg-info" / "PKG-INFO").write_text("Name: old\nVersion: 0.3\n\n")
     os.makedirs(os.path.join(second, "tensorflow", "python", "platform"))
@@ -47,12 +52,34 @@ def test_distributions_by_their_folders_the_first_of_a_name_winning(tmp_path):
     folders = hostfacts.search_path(sys.executable, lambda: [first, second])
     assert folders == [first, os.path.join(first, "../added"), second]
     packages = hostfacts.distributions(folders)
-    assert packages == {"foo-bar": "1.0", "nvidia-nccl-cu12": "2.21.5", "old": "0.3"}
+    assert packages == {"foo-bar": "1.0", "nvidia-nccl-cu12": "2.21.5", "old": "0.3",
+                        "nvidia-cuda-runtime": "13.0.96", "nvidia-cudnn-cu13": "9.19.0.56",
+                        "nvidia-cudnn-cu12": "9.3.0.75"}
     assert hostfacts.library_versions(packages, folders) == {
-        "nccl": "2.21.5", "tf_built_cuda": "12.5.1", "tf_built_cudnn": "9"}
+        "cuda": "13.0.96", "cudnn": "9.19.0.56", "nccl": "2.21.5", "tf_built_cuda": "12.5.1",
+        "tf_built_cudnn": "9"}
     same = dict(reversed(list(packages.items())))
     assert hostfacts.packages_hash(same) == hostfacts.packages_hash(packages)
     assert hostfacts.packages_hash(dict(packages, old="0.4")) != hostfacts.packages_hash(packages)
+
+
+def test_the_preflight_reports_the_driver_and_the_data_hashes(tmp_path, monkeypatch):
+    state = tmp_path / "smi.json"
+    state.write_text(json.dumps({"driver": "580.159.04", "gpus": [
+        {"uuid": "GPU-0", "name": "Fake", "memory_total": 1000, "memory_used": 0,
+         "utilization": 0}]}))
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_STATE", str(state))
+    monkeypatch.setattr(hostinfo, "python_report", lambda python, cache_dir: {"python_ok": True})
+    data = tmp_path / "mnist"
+    data.mkdir()
+    (data / "train-images-idx3-ubyte.gz").write_bytes(b"images")
+    report = hostinfo.preflight_report(sys.executable, [], REPO, None, [["mnist", str(data)]],
+                                       os.path.join(REPO, "tests", "programs", "nvidia-smi"))
+    assert report["versions"]["driver"] == "580.159.04"
+    assert report["packages"]["pytest"] and len(report["packages_hash"]) == 64
+    path = str(data / "train-images-idx3-ubyte.gz")
+    assert report["data_hashes"] == {path: hostfacts.file_sha256(path)}
+    assert "t10k-images-idx3-ubyte.gz" in report["missing_data"][str(data)]
 
 
 def test_data_files_hashed_once_until_they_change(tmp_path, monkeypatch):

@@ -13,12 +13,9 @@ from tfcluster_agent import jsonc as json
 from tfcluster_agent.hostcode import sha256
 from tfcluster_agent.supervisor import boot_id, write_atomic
 
-# {version key: the distributions that carry it, first found wins} (tensorflow[and-cuda] wheels).
-LIBRARY_PACKAGES = {
-    "cuda": ("nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11", "nvidia-cuda-runtime"),
-    "cudnn": ("nvidia-cudnn-cu12", "nvidia-cudnn-cu11", "nvidia-cudnn"),
-    "nccl": ("nvidia-nccl-cu12", "nvidia-nccl-cu11", "nvidia-nccl"),
-}
+# {version key: the distribution that carries it} (tensorflow[and-cuda] wheels), named alone
+# (CUDA 13's nvidia-cuda-runtime) or for a CUDA major version (nvidia-cudnn-cu12): the newest wins.
+LIBRARY_PACKAGES = {"cuda": "nvidia-cuda-runtime", "cudnn": "nvidia-cudnn", "nccl": "nvidia-nccl"}
 # TensorFlow's build facts (tf.sysconfig.get_build_info(), read without importing TensorFlow).
 BUILD_INFO = os.path.join("tensorflow", "python", "platform", "build_info.py")
 BUILD_KEYS = {"cuda_version": "tf_built_cuda", "cudnn_version": "tf_built_cudnn"}
@@ -146,10 +143,11 @@ def library_versions(packages, folders):
     """{cuda, cudnn, nccl (installed distributions), tf_built_cuda, tf_built_cudnn (TensorFlow's
     build), cuda_toolkit (a system toolkit)}: those present."""
     versions = {}
-    for key, names in LIBRARY_PACKAGES.items():
-        version = next((packages[n] for n in names if n in packages), None)
-        if version:
-            versions[key] = version
+    for key, base in LIBRARY_PACKAGES.items():
+        names = [n for n in packages if n == base or
+                 (n.startswith(base + "-cu") and n[len(base) + 3:].isdigit())]
+        if names:
+            versions[key] = packages[max(names, key=lambda n: int(n[len(base) + 3:] or 0))]
     versions.update(_build_info(folders))
     try:
         with open(CUDA_TOOLKIT) as handle:
