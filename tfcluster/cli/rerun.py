@@ -2,6 +2,7 @@
 folder it was launched from; the launch warns where the code or the packages differ from RUN's
 (view/diff.py). The values RUN got through --env are in no record: they are given again."""
 import os
+import shlex
 
 from tfcluster.errors import UsageError
 from tfcluster.runs import store as runs
@@ -49,7 +50,7 @@ def run(args):
         launch.command_line = ["tfcluster"] + ours + arguments[end:]
         launch.rerun_of = original.id
         print("tfcluster: launching run %s again: tfcluster %s" % (
-            original.id, " ".join(arguments)), flush=True)
+            original.id, shlex.join(arguments)), flush=True)
         return main.cmd_launch(launch)
     finally:
         os.chdir(here)
