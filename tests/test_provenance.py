@@ -17,6 +17,8 @@ from tfcluster.cli.rerun import with_values
 from tfcluster.errors import UsageError
 from tfcluster.runs import provenance
 from tfcluster.runs import store as runs
+from tfcluster.runs.record import RunRecord
+from tfcluster.view import diff
 from tfcluster_agent import hostinfo
 from tfcluster_agent import provenance as hostfacts
 
@@ -164,6 +166,38 @@ def test_rerun_of_a_run_recorded_without_a_command_line(tmp_path, capsys):
     assert code == 2 and "run old has no recorded launch command line" in err
     code, out, _ = run_cli(capsys, "--runs-dir", str(tmp_path), "diff", "old", "old")
     assert code == 0 and "run old has no provenance record" in out
+
+
+def a_record(run_id, port, data, argv, accuracy, driver="580.159.04"):
+    return RunRecord.from_json({
+        "id": run_id, "state": "succeeded", "code_hash": "c" * 64,
+        "machines": [{"address": "h1", "connection": "ssh", "ssh_port": 22, "user": None,
+                      "code_hash": "a" * 64, "packages_hash": "p", "data_hashes": data,
+                      "versions": {"driver": driver}, "python_version": "3.11.7"}],
+        "tasks": {"worker:0": {"job": "worker", "index": 0, "slot": "w0", "port": port,
+                               "machine": ["ssh", "h1", 22, None]}},
+        "results": {"worker:0": {"accuracy": accuracy, "devices": ["/device:CPU:0"]}},
+        "provenance": {"commit": "f" * 40, "command_line": argv, "cwd": "/w",
+                       "env": {"A": "1", "TFCLUSTER_RUN_ID": run_id},
+                       "packages": {"p": {"numpy": "2.0.0"}}}})
+
+
+def test_diff_names_data_arguments_placement_versions_and_puts_metrics_side_by_side():
+    first = a_record("r1", 2222, {"/d/x.gz": "1" * 64}, ["tfcluster", "launch", "mnist_replica",
+                                                          "--run-id", "r1"], 0.9)
+    second = a_record("r2", 2223, {"/d/x.gz": "2" * 64}, ["tfcluster", "--runs-dir", "runs",
+                                                          "launch", "mnist_replica",
+                                                          "--", "--train_steps=5"], 0.8, "550.54")
+    found = dict(diff.compare(first, second))
+    assert found["code"] == [] and found["environment"] == []  # each run's own id aside
+    assert found["packages"] == [("h1 driver", "580.159.04", "550.54")]
+    assert found["data"] == [("h1 /d/x.gz", "1" * 12, "2" * 12)]
+    assert found["arguments"] == [("command line", "launch mnist_replica",
+                                   "launch mnist_replica -- --train_steps=5")]
+    assert found["placement"] == [("worker:0", "h1:2222", "h1:2223")]
+    assert diff.metric_rows(first, second) == [("state", "succeeded", "succeeded"),
+                                               ("worker:0 accuracy", "0.9", "0.8")]
+    assert "no difference in: code, environment" in diff.diff_lines(first, second)[-1]
 
 
 # ------------------------------------------------------------------ launches, diff, rerun
