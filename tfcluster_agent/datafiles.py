@@ -38,10 +38,15 @@ def files(name, data_dir):
     raise ValueError("unknown data set %r" % name)
 
 
+def paths(name, data_dir):
+    """The paths of the files the loader of data set NAME reads below DATA_DIR."""
+    folder, names = files(name, data_dir)
+    return [os.path.join(folder, n) for n in names]
+
+
 def missing_files(name, data_dir):
     """The files of data set NAME absent from DATA_DIR (empty: all there)."""
-    folder, names = files(name, data_dir)
-    return [n for n in names if not os.path.exists(os.path.join(folder, n))]
+    return [os.path.basename(p) for p in paths(name, data_dir) if not os.path.exists(p)]
 
 
 def option(argv, flag):

@@ -306,12 +306,18 @@ def preflight_report(python, ports, code_dir, cache_dir=None, datasets=(), nvidi
     report["ports"] = {str(p): port_is_free(int(p)) for p in ports}
     report["code_hash"] = (cached_code_hash(code_dir, cache_dir) if cache_dir else code_hash(code_dir)) \
         if os.path.isdir(code_dir) else None
+    from tfcluster_agent import provenance
+    report.update(provenance.package_facts(python, site_packages))
     report["gpus"] = []
     if gpu_query is not None:
         gpu_query.join()
         report["gpus"] = gpuinfo.smi_lines(report["gpu_facts"])
+    if report["gpu_facts"].get("driver"):
+        report["versions"]["driver"] = report["gpu_facts"]["driver"]
     missing = {folder: datafiles.missing_files(name, folder) for name, folder in datasets}
     report["missing_data"] = {folder: names for folder, names in missing.items() if names}
+    report["data_hashes"] = provenance.data_hashes(
+        [path for name, folder in datasets for path in datafiles.paths(name, folder)], cache_dir)
     report["proxy_env"] = proxy_facts(os.environ)
     return report
 

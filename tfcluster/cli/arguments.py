@@ -11,7 +11,8 @@ DEFAULT_INVENTORY = "inventory/local.yml"
 DEFAULT_RUNS_DIR = "runs"
 # The commands whose module adds its own arguments and does the work, imported only when it runs.
 COMMAND_MODULES = {"init": "tfcluster.cli.init", "wheelhouse": "tfcluster.deploy.wheelhouse",
-                   "deploy": "tfcluster.deploy.playbook"}
+                   "deploy": "tfcluster.deploy.playbook", "diff": "tfcluster.view.diff",
+                   "rerun": "tfcluster.cli.rerun"}
 
 
 def build_parser(only=None):
@@ -161,7 +162,11 @@ def build_parser(only=None):
     for name, text in (("init", "write a starting inventory for your hosts"),
                        ("wheelhouse", "download the hosts' wheels and pack their venv, for an "
                                       "offline deploy"),
-                       ("deploy", "provision the inventory's machines (ansible-playbook)")):
+                       ("deploy", "provision the inventory's machines (ansible-playbook)"),
+                       ("diff", "what differs between two runs: code, packages, data, "
+                                "arguments, placement, final metrics"),
+                       ("rerun", "launch a run again with its arguments; warns where the code "
+                                 "or the packages differ")):
         p = sub.add_parser(name, help=text)
         if sub.builds(name):
             lazy(COMMAND_MODULES[name]).add_arguments(p)

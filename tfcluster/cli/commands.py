@@ -19,6 +19,7 @@ manage = lazy("tfcluster.cli.manage")
 plan = lazy("tfcluster.launch.plan")
 plot = lazy("tfcluster.view.plot")
 preflight = lazy("tfcluster.launch.preflight")
+provenance = lazy("tfcluster.runs.provenance")
 report = lazy("tfcluster.view.report")
 runs = lazy("tfcluster.runs.store")
 spec = lazy("tfcluster.spec.cluster")
@@ -90,7 +91,10 @@ def launch_planned(args, example, counts, extra_env, user_args, planned):
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
         stall_after=args.stall_after, on_stall=args.on_stall or "report",
-        straggler_after=args.straggler_after)
+        straggler_after=args.straggler_after,
+        command_line=tuple(getattr(args, "command_line", None)
+                           or ["tfcluster"] + provenance.hidden_argv(args.argv)),
+        rerun_of=getattr(args, "rerun_of", None))
     if args.sync:
         sync.sync(args.inventory)
     # --logs shows the raw streams: every line, as the tasks wrote them.
@@ -195,7 +199,7 @@ def cmd_data(args):
 
 
 def cmd_module(args):
-    """deploy, init, wheelhouse: the module of the command's name does the work."""
+    """deploy, diff, init, rerun, wheelhouse: the module of the command's name does the work."""
     return lazy(COMMAND_MODULES[args.command]).run(args)
 
 
@@ -228,4 +232,5 @@ COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": 
             "runs": cmd_runs,
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
             "deploy": cmd_module, "init": cmd_module, "wheelhouse": cmd_module,
+            "diff": cmd_module, "rerun": cmd_module,
             "stacks": cmd_stacks}

@@ -42,14 +42,14 @@ def replace_unencodable(streams):
 
 def main(argv=None):
     replace_unencodable((sys.stdout, sys.stderr))
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = full = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare `--` goes to the trainer untouched.
     trainer_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     try:
         parser = build_parser(named_command(argv, COMMANDS))  # imports a command's module
         args = parser.parse_args(argv)
-        args.trainer_args = trainer_args
+        args.trainer_args, args.argv = trainer_args, full
         # An error about the default names no --runs-dir: none was given.
         args.runs_dir_given = args.runs_dir is not None
         args.runs_dir = args.runs_dir if args.runs_dir_given else DEFAULT_RUNS_DIR

@@ -21,7 +21,9 @@ from tfcluster.launch.plan import launch_counts, make_cluster
 from tfcluster.view.plot import write_run_svg
 from tfcluster.launch.preflight import (check_checkpoint_folder, controller_code_hash, preflight,
                                         print_preflight)
+from tfcluster.runs import provenance
 from tfcluster.runs.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
+from tfcluster.spec.catalog import code_root
 from tfcluster.view.report import PlainReporter
 from tfcluster.diagnosis.stall import StallFollower
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
@@ -65,6 +67,8 @@ class LaunchOptions:
     stall_after: float | None = None  # None: each machine's tfcluster_stall_after; 0: off
     on_stall: str = "report"       # or "stop" (tfcluster/diagnosis/stall.py)
     straggler_after: float = 30.0  # seconds under half the peers' median rate: a straggler
+    command_line: tuple = ()       # the CLI's, --env values hidden (provenance.hidden_argv)
+    rerun_of: str | None = None    # `tfcluster rerun`: the run launched again
 
 
 class Launch:
@@ -114,6 +118,8 @@ class Launch:
             self.run_id, options.example.name, len(self.cluster.tasks),
             len(self.cluster.machines())))
         check_checkpoint_folder(options.runs_dir, options.resume, self.run_id)
+        checkout = provenance.Checkout(code_root())  # git answers while the hosts do
+        rerun_of = options.rerun_of and runs.load(options.runs_dir, options.rerun_of)
         # Every training task on a GPU machine gets free, healthy GPUs of its own, claimed for
         # this run (with --wait, once they are free); the others see none.
         reports, self.cluster = gpuqueue.secure(
@@ -122,7 +128,8 @@ class Launch:
                                     data_needs=data_needs(self.cluster, options)),
             lambda found: print_preflight(self.reporter, self.cluster, found))
         self.cluster = sharing.place_run_folders(self.cluster, reports)
-        for line in sharing.unfenced_warnings(self.cluster, reports):
+        for line in sharing.unfenced_warnings(self.cluster, reports) + provenance.package_warnings(
+                [m for m, _ in self.cluster.machines()], reports):
             self.reporter.note("warning: " + line)
         specs = self.specs = task_specs(self.cluster, options, self.run_id,
                                         thread_plan(self.cluster, reports, options))
@@ -131,7 +138,7 @@ class Launch:
         if proxies:
             self.reporter.note(proxies)
         try:
-            self._write_record(reports, specs)
+            self._write_record(reports, specs, checkout)
             # Again once this run is on record: of two launches that resume one run at once,
             # at least one sees the other.
             check_checkpoint_folder(options.runs_dir, options.resume, self.run_id)
@@ -143,6 +150,10 @@ class Launch:
             raise UsageError("cannot write the run's records in %s: %s: free some space or pass "
                              "another --runs-dir; nothing was started" % (
                                  self.record.dir, err.strerror or err)) from None
+        if rerun_of:
+            from tfcluster.view.diff import rerun_warnings
+            for line in rerun_warnings(rerun_of, self.record):
+                self.reporter.note("warning: " + line)
         self.metrics = MetricsStore(self.record.dir)
         self.monitor = Monitor(self.hosts, self.cluster, self.record.dir, self.reporter,
                                metrics=self.metrics)
@@ -192,7 +203,7 @@ class Launch:
             return Drain(self.options.drain_grace, self.stop_reason)
         return None
 
-    def _write_record(self, reports, specs):
+    def _write_record(self, reports, specs, checkout):
         record, options = self.record, self.options
         record.become(RunState.STARTING)
         record.example, record.created = options.example.name, runs.now()
@@ -216,7 +227,11 @@ class Launch:
             env_names=sorted(specs[t.label].env),
             intra_op_threads=int(specs[t.label].env["TF_NUM_INTRAOP_THREADS"]))
             for t in self.cluster.tasks}
+        record.provenance = provenance.make(checkout, options.command_line, specs,
+                                            set(options.env), reports.values(), options.rerun_of)
         runs.save(record)
+        if checkout.diff:
+            runs.write_private(os.path.join(record.dir, provenance.DIFF_FILE), checkout.diff)
         write_task_records(record.dir, self.cluster,
                            {label: spec.public_json() for label, spec in specs.items()})
 

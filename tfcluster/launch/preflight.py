@@ -8,6 +8,7 @@ from tfcluster.spec.catalog import code_root
 from tfcluster.errors import PreflightError, Problem
 from tfcluster.hosts.links import Hosts
 from tfcluster.runs import store as runs
+from tfcluster.runs.provenance import package_warnings
 from tfcluster.runs.record import PreflightReport
 from tfcluster_agent import datafiles
 from tfcluster_agent import protocol as P
@@ -135,7 +136,8 @@ def check_hosts(cluster, reporter):
         reports, problems = preflight(hosts, cluster)
     problems += gpus.problems(cluster, reports)
     print_preflight(reporter, cluster, reports)
-    for line in gpus.warnings(cluster, reports):
+    for line in gpus.warnings(cluster, reports) + package_warnings(
+            [m for m, _ in cluster.machines()], reports):
         reporter.note("warning: " + line)
     if problems:
         raise PreflightError("preflight failed: " + "; ".join(problems))

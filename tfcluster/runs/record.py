@@ -5,6 +5,7 @@ tfcluster_agent/taskspec.py.)
 """
 import enum
 import os
+from tfcluster.runs.provenance import Provenance
 from tfcluster_agent.values import field, fields, value_class
 
 FORMAT_VERSION = 2  # 1: the untyped records before this module (no "format" key)
@@ -100,6 +101,13 @@ class PreflightReport:
     workdir_id: str | None = None                      # shares.folder_id of the workdir
     fenced: bool | None = None                         # the firewall's ruleset is there
     cache_warning: str | None = None                   # cachedir.cache_folder's, when any
+    # What the tasks run with (tfcluster_agent/provenance.py): the task interpreter's
+    # distributions {name: version} and their hash, library and driver versions, and
+    # {path: sha256} of the data files the tasks read.
+    packages: dict = field(default_factory=dict)
+    packages_hash: str | None = None
+    versions: dict = field(default_factory=dict)
+    data_hashes: dict = field(default_factory=dict)
     reached: bool = True
 
     def to_json(self):
@@ -116,7 +124,8 @@ class PreflightReport:
 
 
 # The preflight facts a run's record keeps about each machine.
-RECORDED_FACTS = ("tf_version", "hostname", "cpus", "gpus")
+RECORDED_FACTS = ("tf_version", "hostname", "cpus", "gpus", "python_version", "code_hash",
+                  "packages_hash", "versions", "data_hashes")
 # Machine settings that identify it (inventory.Machine.key).
 KEY_FIELDS = ("connection", "address", "ssh_port", "user")
 
@@ -270,6 +279,7 @@ class RunRecord:
     launcher: dict | None = None
     # While `launch --wait` waits for GPUs (state "waiting"): the launcher's pid and start time.
     waiting: dict | None = None
+    provenance: Provenance | None = None                  # what exactly ran (provenance.py)
     # Where it lives on the controller, and whether this process created (owns) its folder.
     runs_dir: str | None = field(default=None, repr=False, metadata={"local": True})
     claimed: bool = field(default=False, repr=False, metadata={"local": True})
@@ -302,7 +312,8 @@ class RunRecord:
         data.update(format=FORMAT_VERSION, state=RunState(self.state).value,
                     machines=[m.to_json() for m in self.machines],
                     tasks={label: t.to_json() for label, t in self.tasks.items()},
-                    restart_log=[vars(e) for e in self.restart_log])
+                    restart_log=[vars(e) for e in self.restart_log],
+                    provenance=self.provenance and self.provenance.to_json())
         return {k: v for k, v in data.items() if v is not None or k == "exit_code"}
 
     @classmethod
@@ -335,7 +346,8 @@ class RunRecord:
                 runs_dir=runs_dir, claimed=True, machines=machines,
                 tasks={label: TaskRecord.from_json(label, t, keys) for label, t in tasks.items()},
                 restart_log=[RestartEntry.from_json(e) for e in data.get("restart_log", [])],
-                results=data.get("results") or {})
+                results=data.get("results") or {},
+                provenance=data.get("provenance") and Provenance.from_json(data["provenance"]))
             return cls(**values)
-        except (TypeError, AttributeError) as err:
+        except (TypeError, AttributeError, ValueError) as err:
             raise RecordError("unexpected content (%s)" % err) from None
