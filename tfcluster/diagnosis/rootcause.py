@@ -11,8 +11,8 @@ import signal
 
 from tfcluster.diagnosis.stacks import describe_end, joined_labels
 from tfcluster.runs.record import TaskState
+from tfcluster.spec.cluster import TRAINING_JOBS
 
-FAILING_JOBS = ("chief", "worker")  # a ps or evaluator never fails the run by its exit code
 _STOPPED_BY_US = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 
@@ -82,7 +82,7 @@ def failures(cluster, states, ended_at, ends):
         if status is None or status.alive or not ends.ended(task.label):
             continue
         lost = status.state == TaskState.LOST
-        failed = (lost or status.exit != 0) if task.job in FAILING_JOBS else task.job == "ps"
+        failed = (lost or status.exit != 0) if task.job in TRAINING_JOBS else task.job == "ps"
         before_teardown = ends.before_teardown(task.label)
         if failed and (before_teardown or lost or status.exit not in _STOPPED_BY_US):
             found.append((task, status, ended_at.get(task.label)))

@@ -8,9 +8,9 @@ import re
 import signal
 import time
 
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster_agent.values import value_class
 
-TRAINING_JOBS = ("chief", "worker")
 FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 PROCESS = re.compile(r"^# pid (\d+) \((.*)\).*?(?:, main thread (0x[0-9a-fA-F]+))?$")

@@ -10,9 +10,9 @@ import time
 
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.runs.store import host_run_dir, write_private
+from tfcluster.spec.cluster import TRAINING_JOBS
 
 DEFAULT_STALL_AFTER = 120.0
-TRAINING_JOBS = ("chief", "worker")
 WAITING = "CreateSession"  # in StallFollower.stalled: stalled by its repeated wait lines
 
 

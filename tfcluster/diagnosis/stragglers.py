@@ -9,8 +9,8 @@ and the run's summary names it.
 """
 import time
 
+from tfcluster.spec.cluster import TRAINING_JOBS
 
-TRAINING_JOBS = ("chief", "worker")
 RATE_WINDOW_S = 10.0
 SLOWER_THAN = 0.5   # of the peers' median rate
 UNIT = {"examples_per_s": "examples/s", "step": "steps/s"}

@@ -22,6 +22,7 @@ from tfcluster.view.plot import write_run_svg
 from tfcluster.launch.preflight import controller_code_hash, preflight, print_preflight
 from tfcluster.runs.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
 from tfcluster.view.report import PlainReporter
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster.diagnosis.stall import StallFollower
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
 from tfcluster.runs.store import host_run_dir
@@ -350,7 +351,7 @@ def efficiency_lines(base, main):
     """The cluster's examples/s against the single task's, per core used."""
     def training(record):
         return [(label, entry) for label, entry in record.tasks.items()
-                if entry.job in ("chief", "worker")]
+                if entry.job in TRAINING_JOBS]
 
     def throughput(record):
         return sum((record.results.get(label) or {}).get("examples_per_s") or 0

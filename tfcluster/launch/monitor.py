@@ -17,10 +17,10 @@ from tfcluster.diagnosis.causes import Causes
 from tfcluster.errors import RunFailed
 from tfcluster.hosts.links import CLOSED
 from tfcluster.runs.record import RestartEntry, RunState, TaskState, TaskStatus, check_transition
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster_agent import protocol as P
 from tfcluster_agent.values import as_dict, replace
 
-TRACKED_JOBS = ("chief", "worker")
 TAIL_LINES = 20
 
 
@@ -209,7 +209,7 @@ class Monitor:
 
 
 def tracked(cluster):
-    return [t for t in cluster.tasks if t.job in TRACKED_JOBS]
+    return [t for t in cluster.tasks if t.job in TRAINING_JOBS]
 
 
 def policy_tasks(cluster, policy):
@@ -235,7 +235,7 @@ def first_failure(cluster, states, order=None):
         state = states.get(task.label)
         if not state or state.alive:
             continue
-        if (task.job in TRACKED_JOBS and state.exit != 0) or task.job == "ps":
+        if (task.job in TRAINING_JOBS and state.exit != 0) or task.job == "ps":
             return task, failure_message(task, state)
     return None
 

@@ -1,8 +1,8 @@
 """The end of a run on the console: one row per task with the results its trainer reported."""
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster_agent.protocol import RESULT_KEYS
 
 SUMMARY_KEYS = tuple(k for k in RESULT_KEYS if k != "initial_loss")
-TRAINING_JOBS = ("chief", "worker")
 
 
 def print_summary(reporter, cluster, record, causes=(), row_notes=None):
