@@ -25,8 +25,8 @@ from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster.diagnosis.stall import StallFollower
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
-from tfcluster.runs.store import host_run_dir
-from tfcluster.launch.teardown import finish, stop_tasks, write_task_records
+from tfcluster.runs.store import host_run_dir, write_task_records
+from tfcluster.launch.teardown import finish, stop_tasks
 from tfcluster_agent import protocol as P
 from tfcluster_agent.values import field, replace, value_class
 

@@ -1,6 +1,5 @@
 """The end of a run: stop every task on every machine in parallel, collect what was not streamed
 (TensorBoard events), write the run's records and print the summary."""
-import json
 import os
 import signal
 import threading
@@ -124,12 +123,6 @@ def record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, pr
     if outcome is not None:
         record.failure = str(outcome)
     runs.save(record)
-
-
-def write_task_records(record_dir, cluster, public_specs):
-    for task in cluster.tasks:
-        write_private(os.path.join(record_dir, task.name + ".task.json"),
-                      json.dumps(public_specs[task.label], indent=1))
 
 
 def end_state(outcome):
