@@ -11,7 +11,7 @@ The monitor hands every event to `Causes`, which keeps:
 import re
 import time
 
-from tfcluster.diagnosis import rootcause
+from tfcluster.diagnosis import rootcause, wording
 from tfcluster.hosts.links import HostError
 from tfcluster.diagnosis.stragglers import StragglerWatch
 from tfcluster_agent import protocol as P
@@ -83,22 +83,15 @@ class Causes:
         peer = next((t for t in self.monitor.cluster.tasks if t.label == peer_label), None)
         status = self.monitor.states.get(peer_label)
         if peer is None:
-            self._name(pair, "%s waits in CreateSession for %s, which is not in this run's "
-                             "cluster (%s)" % (task.label, peer_label, ", ".join(
-                                 t.label for t in self.monitor.cluster.tasks)))
+            self._name(pair, wording.waits_for_stranger(
+                task.label, peer_label, [t.label for t in self.monitor.cluster.tasks]))
         elif status is None or not status.alive:
-            self._name(pair, "%s waits in CreateSession for %s, which is not running: %s" % (
-                task.label, peer_label, self._not_running(peer, status)))
+            self._name(pair, wording.waits_for_stopped(task.label, peer_label, wording.not_running(
+                status, self.monitor.ended_at.get(peer_label),
+                peer_label in self.monitor.ended_at)))
         elif (peer.job == "ps" and peer_label in self.monitor.listening) or \
                 time.monotonic() - first >= PATIENCE_S:
             self._probe(pair, task, peer)
-
-    def _not_running(self, peer, status):
-        if status is None:
-            return "it has not started"
-        if peer.label not in self.monitor.ended_at:
-            return "it is %s" % status.state
-        return "it %s" % rootcause.ending(status, self.monitor.ended_at[peer.label])
 
     def _probe(self, pair, task, peer):
         """Ask the waiting task's host whether it reaches PEER's port; the answer, a Probed
@@ -112,28 +105,20 @@ class Causes:
                               timeout=REACH_SECONDS))
         except HostError as err:  # its host is gone, which the launcher reports on its own
             self._probes.pop(probe_id)
-            self._name(pair, "%s waits in CreateSession for %s, which is running; %s could not "
-                             "be asked whether it reaches it: %s" % (
-                                 task.label, peer.label, task.machine.label, err.reason))
+            self._name(pair, wording.waits_unasked(task.label, peer.label, task.machine.label,
+                                                   err.reason))
 
     def probed(self, msg):
         task, peer = self._probes.pop(msg.id, (None, None))
         if task is None:
             return
         outcome = msg.results.get(peer.label, "no answer")
-        host = "%s host %s" % (task.job, task.machine.label)
+        host = wording.task_host(task)
         if outcome == REACHED:
-            text = ("%s waits in CreateSession for %s: %s is running and %s reaches it at %s, "
-                    "but it does not answer TensorFlow" % (task.label, peer.label, peer.label,
-                                                          host, peer.address))
-            names = self.proxies.get(task.machine.key)
-            if names:
-                text += ("; %s has proxy variables (%s): does the program send gRPC through a "
-                         "proxy?" % (task.machine.label, ", ".join(names)))
+            text = wording.waits_unanswered(task.label, peer.label, host, peer.address,
+                                            task.machine.label, self.proxies.get(task.machine.key))
         else:
-            text = ("%s waits in CreateSession for %s: %s is running, but %s cannot reach %s at "
-                    "%s: %s" % (task.label, peer.label, peer.label, host, peer.label,
-                                peer.address, outcome))
+            text = wording.waits_unreached(task.label, peer.label, host, peer.address, outcome)
         self._name((task.label, peer.label), text)
 
     def _name(self, pair, text):
@@ -150,5 +135,5 @@ class Causes:
         story = rootcause.story(found)
         notes = rootcause.row_notes(found)
         for label in self.stragglers.named:
-            notes[label] = ", ".join(filter(None, [notes.get(label), "straggler"]))
+            notes[label] = ", ".join(filter(None, [notes.get(label), wording.STRAGGLER]))
         return ([story] if story else []) + self.findings + self.stragglers.summary(), notes

@@ -9,11 +9,12 @@ host recorded them.
 """
 import signal
 
-from tfcluster.diagnosis.stacks import describe_end, joined_labels
+from tfcluster.diagnosis import wording
 from tfcluster.runs.record import TaskState
 from tfcluster.spec.cluster import TRAINING_JOBS
 
-_STOPPED_BY_US = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+# The exit codes of our own stop: SIGTERM, and the SIGKILL after its grace.
+STOPPED_BY_US = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
 
 
 class EndOrder:
@@ -66,11 +67,6 @@ class EndOrder:
         return self.order(label) < self._places.get(self.TEARDOWN, float("inf"))
 
 
-def ending(status, at):
-    """"was killed by SIGKILL at 12:00:03", "exited 1 at ...": how STATUS ended, AT (a time)."""
-    return describe_end(None if status.state == TaskState.LOST else status.exit, at)
-
-
 def failures(cluster, states, ended_at, ends):
     """[(task, its TaskStatus, end time)] of the tasks whose end failed the run, earliest
     first: a chief or worker that exited non-zero or vanished, a ps that ended, before the
@@ -84,7 +80,7 @@ def failures(cluster, states, ended_at, ends):
         lost = status.state == TaskState.LOST
         failed = (lost or status.exit != 0) if task.job in TRAINING_JOBS else task.job == "ps"
         before_teardown = ends.before_teardown(task.label)
-        if failed and (before_teardown or lost or status.exit not in _STOPPED_BY_US):
+        if failed and (before_teardown or lost or status.exit not in STOPPED_BY_US):
             found.append((task, status, ended_at.get(task.label)))
     found.sort(key=lambda item: ends.order(item[0].label))
     return found
@@ -98,8 +94,7 @@ def story(found):
         return None
     (root, status, at), rest = found[0], found[1:]
     followers = sorted((task for task, _, _ in rest), key=lambda t: (t.job, t.index))
-    return "%s failed after %s %s" % (joined_labels([t.label for t in followers]), root.label,
-                                      ending(status, at))
+    return wording.story([t.label for t in followers], root.label, status, at)
 
 
 def row_notes(found):
@@ -107,6 +102,6 @@ def row_notes(found):
     if len(found) < 2:
         return {}
     root = found[0][0].label
-    notes = {task.label: "after %s" % root for task, _, _ in found[1:]}
-    notes[root] = "first failure"
+    notes = {task.label: wording.after(root) for task, _, _ in found[1:]}
+    notes[root] = wording.FIRST_FAILURE
     return notes

@@ -8,6 +8,7 @@ the training tasks: a ps idles by design and is never stalled by itself.
 import os
 import time
 
+from tfcluster.diagnosis import wording
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.runs.store import host_run_dir, write_private
 from tfcluster.spec.cluster import TRAINING_JOBS
@@ -55,11 +56,10 @@ def take_stacks(hosts, cluster, run_id, record_dir):
 def print_stacks(reporter, cluster, record_dir, stacks, problems):
     from tfcluster.diagnosis.stacks import innermost, main_thread
     for problem in problems:
-        reporter.note("WARNING no stacks from " + problem)
+        reporter.note(wording.no_stacks_from(problem))
     if not stacks:
         return
-    reporter.note("stacks in %s (each task's main thread, innermost frame first):"
-                  % os.path.join(record_dir, "stacks"))
+    reporter.note(wording.stacks_in(os.path.join(record_dir, "stacks")))
     width = max(len(t.label) for t in cluster.tasks)
     for task in cluster.tasks:
         if task.label in stacks:
@@ -100,15 +100,12 @@ class StallFollower:
     def event(self, task, msg):
         if msg.kind == "stalled":
             self.stalled[task.label] = msg
-            self.reporter.note("%s stalled for %d s (no output, %.1f s CPU)"
-                               % (task.label, msg.seconds, msg.cpu))
+            self.reporter.note(wording.stalled_quietly(task.label, msg.seconds, msg.cpu))
             self.reporter.task_stalled(task, True)
             if self.due is None:
                 self.due = time.monotonic() + self.settle_seconds()
         elif self.stalled.pop(task.label, None) is not None:
-            self.reporter.note("%s is no longer stalled: %s after %d s without output" % (
-                task.label, "it printed" if msg.why == "output" else "it uses CPU again",
-                msg.seconds))
+            self.reporter.note(wording.resumed(task.label, msg.why, msg.seconds))
             self.reporter.task_stalled(task, False)
             self.diagnosed.discard(task.label)
             if not self.stalled:
@@ -124,14 +121,13 @@ class StallFollower:
             if task.job in TRAINING_JOBS and self.stall_after[label] and \
                     label not in self.stalled and now - since >= self.stall_after[label]:
                 self.stalled[label] = WAITING
-                self.reporter.note("%s stalled for %d s (it only repeats TensorFlow's "
-                                   "CreateSession wait for %s)" % (label, now - since, peer))
+                self.reporter.note(wording.stalled_waiting(label, now - since, peer))
                 self.reporter.task_stalled(task, True)
                 if self.due is None:
                     self.due = now + self.settle_seconds()
         for label in [l for l, why in self.stalled.items() if why is WAITING and l not in waiting]:
             self.stalled.pop(label)
-            self.reporter.note("%s is no longer stalled: it printed" % label)
+            self.reporter.note(wording.resumed(label, "output"))
             self.reporter.task_stalled(self.cluster.find(label), False)
             self.diagnosed.discard(label)
             if not self.stalled:
@@ -154,7 +150,7 @@ class StallFollower:
         from tfcluster.diagnosis.stacks import stall_cause
         waits = self._wait_causes(stalled)
         cause = waits or stall_cause(self.cluster, self.monitor.states, self.monitor.ended_at,
-                                     stacks, stalled) or "%s stalled" % ", ".join(sorted(stalled))
+                                     stacks, stalled) or wording.stalled_plainly(stalled)
         self.reporter.note(cause)
         self.cause = cause
         if self.on_stall == "stop":
@@ -167,7 +163,7 @@ class StallFollower:
         causes = self.monitor.causes
         if not stalled or any(self.stalled.get(label) is not WAITING for label in stalled):
             return None
-        return "; ".join(causes.named_for.get(label) or "%s waits in CreateSession for %s" % (
+        return "; ".join(causes.named_for.get(label) or wording.waits_for(
             label, causes.waiting[label][1]) for label in sorted(stalled))
 
     def explain(self, outcome):

@@ -9,6 +9,7 @@ and the run's summary names it.
 """
 import time
 
+from tfcluster.diagnosis import wording
 from tfcluster.spec.cluster import TRAINING_JOBS
 
 RATE_WINDOW_S = 10.0
@@ -88,9 +89,8 @@ class StragglerWatch:
         self.marked[label] = since
         named = self.named.setdefault(label, {"since": since, "seconds": 0.0, "worst": 1.0})
         named["worst"] = min(named["worst"], rate / median)
-        self.reporter.note("%s is a straggler: %.3g %s over the last %gs, under half its peers' "
-                           "median (%.3g) for %ds" % (label, rate, UNIT[measure], self.window,
-                                                      median, now - since))
+        self.reporter.note(wording.straggling(label, rate, UNIT[measure], self.window, median,
+                                              now - since))
         self.reporter.task_straggling(self.running[label], True)
 
     def _unmark(self, label, now, quiet=False):
@@ -99,7 +99,7 @@ class StragglerWatch:
             return
         self.named[label]["seconds"] += now - since
         if not quiet:
-            self.reporter.note("%s caught up with its peers" % label)
+            self.reporter.note(wording.caught_up(label))
             self.reporter.task_straggling(self.running[label], False)
 
     def summary(self, now=None):
@@ -108,9 +108,7 @@ class StragglerWatch:
         lines = []
         for label, named in sorted(self.named.items()):
             seconds = named["seconds"] + (now - self.marked[label] if label in self.marked else 0)
-            since = time.strftime("%H:%M:%S", time.localtime(named["since"]))
-            lines.append("straggler: %s ran under half its peers' median rate for %ds from %s "
-                         "(at worst %.0f%% of it)" % (label, seconds, since, 100 * named["worst"]))
+            lines.append(wording.straggled(label, seconds, named["since"], named["worst"]))
         return lines
 
 

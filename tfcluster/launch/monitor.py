@@ -7,11 +7,10 @@ of the run's record."""
 import collections
 import os
 import queue
-import signal
 import time
 import types
 
-from tfcluster.diagnosis import rootcause
+from tfcluster.diagnosis import rootcause, wording
 from tfcluster.runs import store as runs
 from tfcluster.diagnosis.causes import Causes
 from tfcluster.errors import RunFailed
@@ -236,15 +235,8 @@ def first_failure(cluster, states, order=None):
         if not state or state.alive:
             continue
         if (task.job in TRAINING_JOBS and state.exit != 0) or task.job == "ps":
-            return task, failure_message(task, state)
+            return task, wording.task_failed(task, state)
     return None
-
-
-def failure_message(task, state):
-    if task.job == "ps":
-        return "%s on %s ended while the run was active (%s)" % (
-            task.label, task.machine.address, describe_exit(state))
-    return "%s on %s %s" % (task.label, task.machine.address, describe_exit(state))
 
 
 def failed_run(monitor, task):
@@ -252,10 +244,9 @@ def failed_run(monitor, task):
     that never listened, a collective that lost its peers."""
     state = monitor.states[task.label]
     if task.job == "ps" and task.label not in monitor.listening:
-        message = "%s on %s %s before it listened on %s" % (
-            task.label, task.machine.address, describe_exit(state), task.address)
+        message = wording.ps_never_listened(task, state)
     else:
-        message = failure_message(task, state)
+        message = wording.task_failed(task, state)
     from tfcluster.diagnosis.stacks import collective_abort_cause  # a failure's: its regexes
     return RunFailed(collective_abort_cause(monitor.cluster, monitor.states, monitor.ended_at,
                                             task, monitor.tails[task.label]) or message,
@@ -277,18 +268,6 @@ def earliest_failure(monitor, outcome):
     return failed_run(monitor, found[0][0])
 
 
-def describe_exit(state):
-    if state.state == TaskState.LOST:
-        return "disappeared without an exit status"
-    code = state.exit
-    if code is not None and code > 128:
-        try:
-            return "was killed by %s" % signal.Signals(code - 128).name
-        except ValueError:
-            pass
-    return "exited with status %s" % code
-
-
 def task_state(task, state):
     """How a task ended (TaskStatus STATE), for summaries and records."""
     if not state:
@@ -302,6 +281,6 @@ def task_state(task, state):
         return TaskState.SUCCEEDED
     if task.job == "ps" and code is not None and code >= 128:
         return TaskState.STOPPED
-    if code is not None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL):
+    if code in rootcause.STOPPED_BY_US:
         return TaskState.STOPPED
     return TaskState.FAILED

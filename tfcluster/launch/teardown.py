@@ -7,6 +7,7 @@ import threading
 from tfcluster.runs import store as runs
 from tfcluster.runs.store import write_private
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
+from tfcluster.diagnosis import wording
 from tfcluster.diagnosis.hints import print_hints
 from tfcluster.launch.monitor import TAIL_LINES, earliest_failure, policy_met
 from tfcluster.runs.record import RunState, TaskState
@@ -91,7 +92,7 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
         reporter.note("WARNING cannot write the run's records in %s: %s" % (
             record.dir, err.strerror or err))
     if stall_cause(outcome):
-        reporter.note("the run stalled: %s" % stall_cause(outcome))
+        reporter.note(wording.run_stalled(stall_cause(outcome)))
     print_summary(reporter, cluster, record, *monitor.causes.report())
     if isinstance(outcome, RunFailed) and outcome.task is not None:
         reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
