@@ -16,7 +16,7 @@ from tfcluster.launch import reach
 from tfcluster.diagnosis import rootcause
 from tfcluster.errors import PreflightError, RunFailed
 from tfcluster.view.live import LiveReporter
-from tfcluster.launch.monitor import Monitor, first_failure
+from tfcluster.launch.monitor import Monitor
 from tfcluster.runs.record import PreflightReport, TaskState, TaskStatus
 from tfcluster.view.report import PlainReporter, is_noise
 from tfcluster.diagnosis.stragglers import StragglerWatch
@@ -252,7 +252,7 @@ def test_tasks_the_teardown_stopped_are_not_failures():
     found = rootcause.failures(cluster, states, ended_at, ends)
     assert [task.label for task, _, _ in found] == ["worker:1"]
     assert rootcause.story(found) is None
-    assert first_failure(cluster, states, ends.order)[0] is worker1
+    assert rootcause.first_failure(cluster, states, ends.order).task is worker1
 
 
 # ------------------------------------------------------------------ CreateSession waits
@@ -268,7 +268,7 @@ class Hosts:
 def monitor_of(cluster):
     console = io.StringIO()
     monitor = Monitor(Hosts(cluster), cluster, None, PlainReporter(console, echo=False))
-    monitor.causes.configure({}, straggler_after=30)
+    monitor.diagnosis.configure({}, straggler_after=30)
     key = cluster.tasks[0].machine.key
     for task in cluster.tasks:
         monitor.handle(key, P.Started(name=task.name, pid=1, time=time.time()))
@@ -290,7 +290,7 @@ def test_a_createsession_wait_for_a_dead_ps_names_how_it_ended():
 def test_a_createsession_wait_for_a_listening_ps_is_probed_from_the_waiting_host():
     cluster = cluster_of(ps=1, workers=2)
     monitor, key, console = monitor_of(cluster)
-    monitor.causes.proxies = {key: ["http_proxy"]}
+    monitor.diagnosis.waits.proxies = {key: ["http_proxy"]}
     monitor.handle(key, P.Listening(name="ps-0", port=2224))
     for name in ("worker-0", "worker-1"):
         monitor.handle(key, P.Output(name=name, text=CREATE_SESSION + "\n"))
@@ -307,7 +307,7 @@ def test_a_createsession_wait_for_a_listening_ps_is_probed_from_the_waiting_host
         "tfcluster: worker:1 waits in CreateSession for ps:0: ps:0 is running and worker host "
         "10.0.0.1 reaches it at 10.0.0.1:2224, but it does not answer TensorFlow; 10.0.0.1 has "
         "proxy variables (http_proxy): does the program send gRPC through a proxy?"]
-    lines, _ = monitor.causes.report()
+    lines, _ = monitor.diagnosis.report()
     assert lines == [n[len("tfcluster: "):] for n in notes]
 
 
@@ -317,7 +317,7 @@ def test_a_peer_that_may_still_start_gets_patience():
     waiting = CREATE_SESSION.replace("/job:ps/", "/job:worker/")
     monitor.handle(key, P.Output(name="chief-0", text=waiting + "\n"))
     assert monitor.hosts.sent == []  # worker:0 may still be importing TensorFlow
-    monitor.causes._waiting[("chief:0", "worker:0")] -= 20
+    monitor.diagnosis.waits._waiting[("chief:0", "worker:0")] -= 20
     monitor.handle(key, P.Output(name="chief-0", text=waiting + "\n"))
     assert [m.targets for m in monitor.hosts.sent] == [[["worker:0", "10.0.0.1", 2223]]]
 

@@ -19,7 +19,8 @@ from test_launcher_unit import FakeLink, cluster_of, run
 from test_report import make_task, render
 from tfcluster.diagnosis import stacks as diagnose
 from tfcluster.view.live import LiveReporter
-from tfcluster.diagnosis.stall import RunStalled, StallFollower
+from tfcluster.diagnosis.stall import StallFollower
+from tfcluster.errors import RunStalled
 from tfcluster_agent import protocol as P
 from tfcluster_agent import stall
 from tfcluster_agent import supervisor as S

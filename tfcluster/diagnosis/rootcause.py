@@ -9,7 +9,7 @@ host recorded them.
 """
 import signal
 
-from tfcluster.diagnosis import wording
+from tfcluster.diagnosis import END, Cause, wording
 from tfcluster.runs.record import TaskState
 from tfcluster.spec.cluster import TRAINING_JOBS
 
@@ -65,6 +65,19 @@ class EndOrder:
     def before_teardown(self, label):
         """Whether LABEL's end came before the teardown began (or no teardown began)."""
         return self.order(label) < self._places.get(self.TEARDOWN, float("inf"))
+
+
+def first_failure(cluster, states, order=None):
+    """The Cause (kind END) of a chief or worker that failed, or of a ps that ended (workers
+    would hang without it), while the run goes on: the one that ended first when ORDER (label ->
+    sort key, EndOrder.order) is given; None when none did."""
+    for task in sorted(cluster.tasks, key=lambda t: order(t.label)) if order else cluster.tasks:
+        state = states.get(task.label)
+        if not state or state.alive:
+            continue
+        if (task.job in TRAINING_JOBS and state.exit != 0) or task.job == "ps":
+            return Cause(END, wording.task_failed(task, state), (task,))
+    return None
 
 
 def failures(cluster, states, ended_at, ends):

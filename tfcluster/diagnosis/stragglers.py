@@ -9,7 +9,7 @@ and the run's summary names it.
 """
 import time
 
-from tfcluster.diagnosis import wording
+from tfcluster.diagnosis import STRAGGLER, Cause, wording
 from tfcluster.spec.cluster import TRAINING_JOBS
 
 RATE_WINDOW_S = 10.0
@@ -67,7 +67,10 @@ class StragglerWatch:
         return found, measure
 
     def tick(self, now=None):
+        """Mark the tasks that now straggle, unmark those that caught up; the Causes of those
+        marked now."""
         now = now or time.time()
+        marked = []
         rates, measure = self.rates(now)
         if rates:  # statistics (decimal, fractions, random: 4 ms) only where a median is taken
             import statistics
@@ -80,18 +83,20 @@ class StragglerWatch:
                 if named is not None:
                     named["worst"] = min(named["worst"], rate / median)
                 if label not in self.marked and now - since >= self.after:
-                    self._mark(label, since, now, rate, median, measure)
+                    marked.append(self._mark(label, since, now, rate, median, measure))
             else:
                 self.below_since.pop(label, None)
                 self._unmark(label, now)
+        return marked
 
     def _mark(self, label, since, now, rate, median, measure):
         self.marked[label] = since
         named = self.named.setdefault(label, {"since": since, "seconds": 0.0, "worst": 1.0})
         named["worst"] = min(named["worst"], rate / median)
-        self.reporter.note(wording.straggling(label, rate, UNIT[measure], self.window, median,
-                                              now - since))
+        text = wording.straggling(label, rate, UNIT[measure], self.window, median, now - since)
+        self.reporter.note(text)
         self.reporter.task_straggling(self.running[label], True)
+        return Cause(STRAGGLER, text, (self.running[label],))
 
     def _unmark(self, label, now, quiet=False):
         since = self.marked.pop(label, None)

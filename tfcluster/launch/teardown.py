@@ -7,11 +7,9 @@ import threading
 from tfcluster.runs import store as runs
 from tfcluster.runs.store import write_private
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
-from tfcluster.diagnosis import wording
-from tfcluster.diagnosis.hints import print_hints
-from tfcluster.launch.monitor import TAIL_LINES, earliest_failure, policy_met
+from tfcluster.diagnosis import STALL, wording
+from tfcluster.launch.monitor import TAIL_LINES, policy_met
 from tfcluster.runs.record import RunState, TaskState
-from tfcluster.diagnosis.stall import stall_cause
 from tfcluster.view.summary import print_summary
 from tfcluster_agent import protocol as P
 
@@ -75,7 +73,7 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
            lost=()):
     """Stop everything, collect, record the end, print the summary; returns OUTCOME, or the
     failure that came before it (earliest_failure)."""
-    monitor.causes.teardown_began()  # tasks that end from here on may be ours to stop
+    monitor.diagnosis.teardown_began()  # tasks that end from here on may be ours to stop
     with signals_deferred(reporter):
         leftovers = stop_tasks(hosts, cluster, grace, skip=lost)
         monitor.pump(0)
@@ -83,7 +81,7 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
         hosts.close()
         monitor.pump(0)
         monitor.close()
-    outcome = earliest_failure(monitor, outcome)
+    outcome = earliest_failure(monitor.diagnosis, outcome)
     for line in leftovers + problems:
         reporter.note("WARNING " + line)
     try:
@@ -91,17 +89,28 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
     except OSError as err:
         reporter.note("WARNING cannot write the run's records in %s: %s" % (
             record.dir, err.strerror or err))
-    if stall_cause(outcome):
-        reporter.note(wording.run_stalled(stall_cause(outcome)))
-    print_summary(reporter, cluster, record, *monitor.causes.report())
+    cause = outcome.cause if outcome is not None else None
+    if cause is not None and cause.kind == STALL:
+        reporter.note(wording.run_stalled(cause))
+    print_summary(reporter, cluster, record, *monitor.diagnosis.report())
     if isinstance(outcome, RunFailed) and outcome.task is not None:
         reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
         for line in monitor.tails[outcome.task.label]:
             reporter.out("    " + line)
     if outcome is not None:
-        print_hints(reporter, record.dir, [task.log for task in record.tasks.values()
-                                           if task.state is TaskState.FAILED and task.log])
+        monitor.diagnosis.print_hints(record.dir, [task.log for task in record.tasks.values()
+                                                   if task.state is TaskState.FAILED and task.log])
     reporter.note("logs and run.json in %s" % record.dir)
+    return outcome
+
+
+def earliest_failure(diagnosis, outcome):
+    """OUTCOME, or the run's failure named by an earlier end heard after it (DIAGNOSIS:
+    earlier_failure)."""
+    if isinstance(outcome, RunFailed) and outcome.task is not None:
+        earlier = diagnosis.earlier_failure(outcome.task)
+        if earlier is not None:
+            return RunFailed.of(earlier)
     return outcome
 
 
