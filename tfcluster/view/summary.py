@@ -6,7 +6,7 @@ SUMMARY_KEYS = tuple(k for k in RESULT_KEYS if k != "initial_loss")
 
 
 def print_summary(reporter, cluster, record, causes=(), row_notes=None):
-    """CAUSES: lines naming why the run failed or lagged (tfcluster.diagnosis.causes); ROW_NOTES:
+    """CAUSES: lines naming why the run failed or lagged (the Diagnosis's report()); ROW_NOTES:
     {label: a note at the end of its row} ("first failure", "after ps:0", "straggler")."""
     results = record.results
     row_notes = row_notes or {}
