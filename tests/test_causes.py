@@ -13,10 +13,10 @@ from test_agent import agent  # noqa: F401  (the fixture, used by name)
 from test_launcher_unit import FakeHosts, FakeLink, cluster_of, run
 from tfcluster.launch import proxy
 from tfcluster.launch import reach
-from tfcluster.diagnosis import rootcause
+from tfcluster.diagnosis import END, STRAGGLER, WAIT, Cause, rootcause
 from tfcluster.errors import PreflightError, RunFailed
 from tfcluster.view.live import LiveReporter
-from tfcluster.launch.monitor import Monitor, first_failure
+from tfcluster.launch.monitor import Monitor
 from tfcluster.runs.record import PreflightReport, TaskState, TaskStatus
 from tfcluster.view.report import PlainReporter, is_noise
 from tfcluster.diagnosis.stragglers import StragglerWatch
@@ -252,7 +252,7 @@ def test_tasks_the_teardown_stopped_are_not_failures():
     found = rootcause.failures(cluster, states, ended_at, ends)
     assert [task.label for task, _, _ in found] == ["worker:1"]
     assert rootcause.story(found) is None
-    assert first_failure(cluster, states, ends.order)[0] is worker1
+    assert rootcause.first_failure(cluster, states, ends.order).task is worker1
 
 
 # ------------------------------------------------------------------ CreateSession waits
@@ -268,11 +268,31 @@ class Hosts:
 def monitor_of(cluster):
     console = io.StringIO()
     monitor = Monitor(Hosts(cluster), cluster, None, PlainReporter(console, echo=False))
-    monitor.causes.configure({}, straggler_after=30)
+    monitor.diagnosis.configure({}, straggler_after=30)
     key = cluster.tasks[0].machine.key
     for task in cluster.tasks:
         monitor.handle(key, P.Started(name=task.name, pid=1, time=time.time()))
     return monitor, key, console
+
+
+def test_the_diagnosis_names_each_cause_with_its_kind_and_task():
+    """The monitor hands the events on; what the Diagnosis names comes back as a Cause: a
+    CreateSession wait, the end that fails the run, and that same end said in full."""
+    cluster = cluster_of(ps=1, workers=2)
+    monitor, key, _ = monitor_of(cluster)
+    worker0, ps = cluster.find("worker:0"), cluster.find("ps:0")
+    assert monitor.diagnosis.failure() is None
+    monitor.handle(key, P.Exited(name="ps-0", code=137, state="exited"))
+    wait = monitor.diagnosis.line(worker0, CREATE_SESSION)
+    assert wait.kind == WAIT and wait.task is worker0
+    assert wait.text.startswith("worker:0 waits in CreateSession for ps:0, which is not running: "
+                                "it was killed by SIGKILL at ")
+    assert monitor.diagnosis.line(worker0, CREATE_SESSION) is None  # named once
+    end = monitor.diagnosis.failure()
+    assert (end.kind, end.task) == (END, ps)
+    assert str(end) == "ps:0 on 10.0.0.1 ended while the run was active (was killed by SIGKILL)"
+    assert monitor.diagnosis.failed(ps) == Cause(
+        END, "ps:0 on 10.0.0.1 was killed by SIGKILL before it listened on 10.0.0.1:2224", (ps,))
 
 
 def test_a_createsession_wait_for_a_dead_ps_names_how_it_ended():
@@ -290,7 +310,7 @@ def test_a_createsession_wait_for_a_dead_ps_names_how_it_ended():
 def test_a_createsession_wait_for_a_listening_ps_is_probed_from_the_waiting_host():
     cluster = cluster_of(ps=1, workers=2)
     monitor, key, console = monitor_of(cluster)
-    monitor.causes.proxies = {key: ["http_proxy"]}
+    monitor.diagnosis.waits.proxies = {key: ["http_proxy"]}
     monitor.handle(key, P.Listening(name="ps-0", port=2224))
     for name in ("worker-0", "worker-1"):
         monitor.handle(key, P.Output(name=name, text=CREATE_SESSION + "\n"))
@@ -307,7 +327,7 @@ def test_a_createsession_wait_for_a_listening_ps_is_probed_from_the_waiting_host
         "tfcluster: worker:1 waits in CreateSession for ps:0: ps:0 is running and worker host "
         "10.0.0.1 reaches it at 10.0.0.1:2224, but it does not answer TensorFlow; 10.0.0.1 has "
         "proxy variables (http_proxy): does the program send gRPC through a proxy?"]
-    lines, _ = monitor.causes.report()
+    lines, _ = monitor.diagnosis.report()
     assert lines == [n[len("tfcluster: "):] for n in notes]
 
 
@@ -317,7 +337,7 @@ def test_a_peer_that_may_still_start_gets_patience():
     waiting = CREATE_SESSION.replace("/job:ps/", "/job:worker/")
     monitor.handle(key, P.Output(name="chief-0", text=waiting + "\n"))
     assert monitor.hosts.sent == []  # worker:0 may still be importing TensorFlow
-    monitor.causes._waiting[("chief:0", "worker:0")] -= 20
+    monitor.diagnosis.waits._waiting[("chief:0", "worker:0")] -= 20
     monitor.handle(key, P.Output(name="chief-0", text=waiting + "\n"))
     assert [m.targets for m in monitor.hosts.sent] == [[["worker:0", "10.0.0.1", 2223]]]
 
@@ -348,16 +368,29 @@ def test_a_hidden_message_of_several_lines_is_hidden_whole():
 
 # ------------------------------------------------------------------ stragglers
 
-def feed(watch, tasks, rates, start, seconds, step=0.5):
-    """Points every STEP s from START for SECONDS, each task at its rate (None: silent)."""
+def feed(watch, tasks, rates, start, seconds, step=0.5, named=None):
+    """Points every STEP s from START for SECONDS, each task at its rate (None: silent); the
+    Causes the ticks name go to NAMED."""
     now = start
     while now < start + seconds:
         now += step
         for task in tasks:
             if rates[task.label] is not None:
                 watch.metric(task, {"step": 1, "examples_per_s": rates[task.label]}, now)
-        watch.tick(now)
+        (named if named is not None else []).extend(watch.tick(now))
     return now
+
+
+def test_a_straggler_is_named_as_a_cause_once():
+    cluster = cluster_of(ps=0, workers=3)
+    watch = StragglerWatch(PlainReporter(io.StringIO()), after=5.0)
+    for task in cluster.tasks:
+        watch.started(task)
+    named = []
+    feed(watch, cluster.tasks, {"worker:0": 100.0, "worker:1": 10.0, "worker:2": 100.0}, 1000.0,
+         30, named=named)
+    assert [(c.kind, c.task) for c in named] == [(STRAGGLER, cluster.find("worker:1"))]
+    assert named[0].text.startswith("worker:1 is a straggler: 10 examples/s over the last 10s")
 
 
 def test_a_worker_under_half_its_peers_median_for_long_enough_is_a_straggler():

@@ -21,7 +21,9 @@ from test_launcher_unit import FakeLink, cluster_of, run
 from test_report import make_task, render
 from tfcluster.diagnosis import stacks as diagnose
 from tfcluster.view.live import LiveReporter
-from tfcluster.diagnosis.stall import RunStalled, StallFollower
+from tfcluster.diagnosis.stall import StallFollower
+from tfcluster.diagnosis import STALL
+from tfcluster.errors import RunStalled, RunTimedOut
 from tfcluster_agent import protocol as P
 from tfcluster_agent import stall
 from tfcluster_agent import supervisor as S
@@ -397,3 +399,20 @@ def test_a_run_timed_out_while_stalled_leads_with_the_cause(tmp_path, stalling):
     assert outcome.exit_code == 124 and record["state"] == "timed_out"
     cause = "worker:1 is stuck in wait_for_data (train.py:14)"
     assert console.index("tfcluster: the run stalled: " + cause) < console.index("TASK")
+
+
+def test_the_outcome_is_built_with_the_stall_cause(tmp_path, stalling):
+    """--on-stall stop fails the run with the stall's Cause; a run stopped while stalled
+    carries it; a run stopped in no stall carries none."""
+    stalled, _, _, _ = run(tmp_path / "stop", cluster_of(ps=1, workers=2), {}, stall_after=3,
+                           on_stall="stop")
+    assert stalled.cause.kind == STALL and stalled.task is None
+    assert [t.label for t in stalled.cause.tasks] == ["worker:1"]
+    assert stalled.cause.text == str(stalled) == "worker:1 is stuck in wait_for_data (train.py:14)"
+    timed_out, _, _, _ = run(tmp_path / "timeout", cluster_of(ps=1, workers=2), {},
+                             stall_after=3, timeout=1)
+    assert isinstance(timed_out, RunTimedOut) and timed_out.cause == stalled.cause
+    quiet, _, console, _ = run(tmp_path / "quiet", cluster_of(ps=1, workers=2), {},
+                               stall_after=0, timeout=0.5)
+    assert isinstance(quiet, RunTimedOut) and quiet.cause is None
+    assert "the run stalled" not in console

@@ -15,6 +15,7 @@ class TfclusterError(Exception):
     """A known failure: one line for the user, and the exit code that goes with it."""
 
     exit_code = 1
+    cause = None  # why a run ended so, when diagnosis named it (RunEnded)
 
 
 class UsageError(TfclusterError):
@@ -29,14 +30,24 @@ class PreflightError(TfclusterError):
     exit_code = 3
 
 
-class RunFailed(TfclusterError):
-    """The run ended badly; TASK is the task whose failure ended it, when there is one."""
+class RunEnded(TfclusterError):
+    """A run ended without success. TASK: the task whose end decided it, when there is one;
+    CAUSE: what diagnosis named (a tfcluster.diagnosis.Cause), when it named something."""
+
+    def __init__(self, message, task=None, cause=None):
+        super().__init__(message)
+        self.task, self.cause = task, cause
+
+
+class RunFailed(RunEnded):
+    """The run ended badly."""
 
     exit_code = 1
 
-    def __init__(self, message, task=None):
-        super().__init__(message)
-        self.task = task
+    @classmethod
+    def of(cls, cause):
+        """The run failed for CAUSE, on its task: its sentence is the message."""
+        return cls(str(cause), task=cause.task, cause=cause)
 
 
 class CommandFailed(TfclusterError):
@@ -47,9 +58,13 @@ class CommandFailed(TfclusterError):
         self.exit_code = exit_code
 
 
-class RunTimedOut(TfclusterError):
+class RunStalled(RunFailed):
+    """--on-stall stop: tasks stalled; the message is the stall's cause."""
+
+
+class RunTimedOut(RunEnded):
     exit_code = 124
 
 
-class RunInterrupted(TfclusterError):
+class RunInterrupted(RunEnded):
     exit_code = 130

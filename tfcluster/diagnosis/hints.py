@@ -4,6 +4,8 @@ import functools
 import os
 import re
 
+from tfcluster.diagnosis import wording
+
 # Only the end of a log is read: a traceback is there, and a huge log stays cheap.
 TAIL_BYTES = 256 * 1024
 
@@ -51,4 +53,4 @@ def hints_for(texts):
 def print_hints(reporter, record_dir, log_names):
     """Print the hints for the logs LOG_NAMES (files in RECORD_DIR), one "hint:" line each."""
     for hint in hints_for([read_tail(os.path.join(record_dir, name)) for name in log_names]):
-        reporter.note("hint: " + hint)
+        reporter.note(wording.hint(hint))

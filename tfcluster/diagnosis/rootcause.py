@@ -9,11 +9,14 @@ host recorded them.
 """
 import signal
 
-from tfcluster.diagnosis.stacks import describe_end, joined_labels
+from tfcluster.diagnosis import END, Cause, wording
+from tfcluster_agent import protocol as P
 from tfcluster.runs.record import TaskState
+from tfcluster.spec.cluster import TRAINING_JOBS
 
-FAILING_JOBS = ("chief", "worker")  # a ps or evaluator never fails the run by its exit code
-_STOPPED_BY_US = (128 + signal.SIGTERM, 128 + signal.SIGKILL)
+# The exit codes of our own stop: SIGTERM, and the SIGKILL after its grace.
+# The last: a task that saved and ended on the termination notice (a drain).
+STOPPED_BY_US = (128 + signal.SIGTERM, 128 + signal.SIGKILL, P.DRAINED_EXIT)
 
 
 class EndOrder:
@@ -66,9 +69,17 @@ class EndOrder:
         return self.order(label) < self._places.get(self.TEARDOWN, float("inf"))
 
 
-def ending(status, at):
-    """"was killed by SIGKILL at 12:00:03", "exited 1 at ...": how STATUS ended, AT (a time)."""
-    return describe_end(None if status.state == TaskState.LOST else status.exit, at)
+def first_failure(cluster, states, order=None):
+    """The Cause (kind END) of a chief or worker that failed, or of a ps that ended (workers
+    would hang without it), while the run goes on: the one that ended first when ORDER (label ->
+    sort key, EndOrder.order) is given; None when none did."""
+    for task in sorted(cluster.tasks, key=lambda t: order(t.label)) if order else cluster.tasks:
+        state = states.get(task.label)
+        if not state or state.alive:
+            continue
+        if (task.job in TRAINING_JOBS and state.exit != 0) or task.job == "ps":
+            return Cause(END, wording.task_failed(task, state), (task,))
+    return None
 
 
 def failures(cluster, states, ended_at, ends):
@@ -82,9 +93,9 @@ def failures(cluster, states, ended_at, ends):
         if status is None or status.alive or not ends.ended(task.label):
             continue
         lost = status.state == TaskState.LOST
-        failed = (lost or status.exit != 0) if task.job in FAILING_JOBS else task.job == "ps"
+        failed = (lost or status.exit != 0) if task.job in TRAINING_JOBS else task.job == "ps"
         before_teardown = ends.before_teardown(task.label)
-        if failed and (before_teardown or lost or status.exit not in _STOPPED_BY_US):
+        if failed and (before_teardown or lost or status.exit not in STOPPED_BY_US):
             found.append((task, status, ended_at.get(task.label)))
     found.sort(key=lambda item: ends.order(item[0].label))
     return found
@@ -98,8 +109,7 @@ def story(found):
         return None
     (root, status, at), rest = found[0], found[1:]
     followers = sorted((task for task, _, _ in rest), key=lambda t: (t.job, t.index))
-    return "%s failed after %s %s" % (joined_labels([t.label for t in followers]), root.label,
-                                      ending(status, at))
+    return wording.story([t.label for t in followers], root.label, status, at)
 
 
 def row_notes(found):
@@ -107,6 +117,6 @@ def row_notes(found):
     if len(found) < 2:
         return {}
     root = found[0][0].label
-    notes = {task.label: "after %s" % root for task, _, _ in found[1:]}
-    notes[root] = "first failure"
+    notes = {task.label: wording.after(root) for task, _, _ in found[1:]}
+    notes[root] = wording.FIRST_FAILURE
     return notes

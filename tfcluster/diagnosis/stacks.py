@@ -5,12 +5,11 @@ MultiWorkerMirroredStrategy's workers meet in every collective: when some wait i
 TensorFlow while another is stuck outside it, or has exited, that other one is the cause.
 """
 import re
-import signal
-import time
 
+from tfcluster.diagnosis import wording
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster_agent.values import value_class
 
-TRAINING_JOBS = ("chief", "worker")
 FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 PROCESS = re.compile(r"^# pid (\d+) \((.*)\).*?(?:, main thread (0x[0-9a-fA-F]+))?$")
@@ -90,27 +89,9 @@ def own_frame(frames):
     return next((f for f in frames if not f.in_library), frames[0] if frames else None)
 
 
-def describe_end(code, ended_at):
-    """"exited 0 at 12:01:07", "was killed by SIGKILL at 12:01:07"."""
-    when = " at %s" % time.strftime("%H:%M:%S", time.localtime(ended_at)) if ended_at else ""
-    if code is not None and code > 128:
-        try:
-            return "was killed by %s%s" % (signal.Signals(code - 128).name, when)
-        except ValueError:
-            pass
-    return ("exited %s" % code if code is not None else "ended without an exit status") + when
-
-
-def joined_labels(labels):
-    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
-
-
 def _culprit(task, states, ended_at, frames):
-    """", which is stuck in f (a.py:3)" or ", which exited 0 at ..." for a culprit."""
-    state = states.get(task.label)
-    if state is not None and not state.alive:
-        return "%s, which %s" % (task.label, describe_end(state.exit, ended_at.get(task.label)))
-    return "%s, which is stuck in %s" % (task.label, own_frame(frames))
+    return wording.culprit(task, states.get(task.label), ended_at.get(task.label),
+                           own_frame(frames))
 
 
 def stall_cause(cluster, states, ended_at, stacks, stalled):
@@ -127,20 +108,20 @@ def stall_cause(cluster, states, ended_at, stacks, stalled):
             not states.get(t.label) or not states[t.label].alive or
             (frames[t.label] and not in_tf[t.label]))]
         if culprits:
-            return "%s wait%s in a collective for %s" % (
-                joined_labels([t.label for t in waiters]), "s" if len(waiters) == 1 else "",
-                ", and ".join(_culprit(t, states, ended_at, frames[t.label]) for t in culprits))
+            return wording.waits_in_collective(
+                [t.label for t in waiters],
+                [_culprit(t, states, ended_at, frames[t.label]) for t in culprits])
     parts = []
     for task in stuck:
         mine = frames[task.label]
         if not mine and stopped(stacks.get(task.label, "")):
-            parts.append("%s is stopped (SIGSTOP, or a debugger holds it)" % task.label)
+            parts.append(wording.stopped_task(task.label))
         elif not mine:
-            parts.append("%s stalled with no Python stack" % task.label)
+            parts.append(wording.no_python_stack(task.label))
         elif in_tf[task.label]:
-            parts.append("%s waits in TensorFlow, called from %s" % (task.label, own_frame(mine)))
+            parts.append(wording.waits_in_tensorflow(task.label, own_frame(mine)))
         else:
-            parts.append("%s is stuck in %s" % (task.label, own_frame(mine)))
+            parts.append(wording.stuck_in(task.label, own_frame(mine)))
     return "; ".join(parts) or None
 
 
@@ -161,6 +142,5 @@ def collective_abort_cause(cluster, states, ended_at, task, tail):
             and ended_at.get(t.label, 0) <= failed_at and (not named or t.label in named)]
     if not gone:
         return None
-    return "%s waited in a collective for %s, until TensorFlow gave up (%s %s)" % (
-        task.label, ", and ".join(_culprit(t, states, ended_at, []) for t in gone), task.label,
-        describe_end(states[task.label].exit, None))
+    return wording.collective_aborted(task, states[task.label],
+                                      [_culprit(t, states, ended_at, []) for t in gone])

@@ -1,6 +1,7 @@
 """Stalled runs on the controller: the agents' Stalled events on the console, the stacks of
 every task of the run (`tfcluster stacks RUN`, and at once when a task stalls), the cause in one
-line (tfcluster/diagnosis/stacks.py), and --on-stall stop.
+line (tfcluster/diagnosis/stacks.py), a Cause of kind STALL that the launcher stops the run on
+with --on-stall stop.
 
 The agents watch (tfcluster_agent/stall.py); the controller only asks them to, per machine, for
 the training tasks: a ps idles by design and is never stalled by itself.
@@ -8,25 +9,12 @@ the training tasks: a ps idles by design and is never stalled by itself.
 import os
 import time
 
-from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
+from tfcluster.diagnosis import STALL, Cause, wording
 from tfcluster.runs.store import host_run_dir, write_private
+from tfcluster.spec.cluster import TRAINING_JOBS
 
 DEFAULT_STALL_AFTER = 120.0
-TRAINING_JOBS = ("chief", "worker")
 WAITING = "CreateSession"  # in StallFollower.stalled: stalled by its repeated wait lines
-
-
-class RunStalled(RunFailed):
-    """--on-stall stop: a task stalled; the message is the cause."""
-
-    @property
-    def stall_cause(self):
-        return str(self)
-
-
-def stall_cause(outcome):
-    """The cause of the stall the run was in when it ended (the final report leads with it)."""
-    return getattr(outcome, "stall_cause", None)
 
 
 def take_stacks(hosts, cluster, run_id, record_dir):
@@ -55,11 +43,10 @@ def take_stacks(hosts, cluster, run_id, record_dir):
 def print_stacks(reporter, cluster, record_dir, stacks, problems):
     from tfcluster.diagnosis.stacks import innermost, main_thread
     for problem in problems:
-        reporter.note("WARNING no stacks from " + problem)
+        reporter.note(wording.no_stacks_from(problem))
     if not stacks:
         return
-    reporter.note("stacks in %s (each task's main thread, innermost frame first):"
-                  % os.path.join(record_dir, "stacks"))
+    reporter.note(wording.stacks_in(os.path.join(record_dir, "stacks")))
     width = max(len(t.label) for t in cluster.tasks)
     for task in cluster.tasks:
         if task.label in stacks:
@@ -69,18 +56,18 @@ def print_stacks(reporter, cluster, record_dir, stacks, problems):
 
 class StallFollower:
     """A launch's stalls: the agents' events on the console, the stacks and the cause once the
-    stalls of one moment have all come in, and the run's end with --on-stall stop."""
+    stalls of one moment have all come in. WAITS: the run's SessionWaits (causes.py), whose
+    CreateSession waits stall a task too."""
 
-    def __init__(self, hosts, cluster, record, monitor, reporter, stall_after, on_stall):
+    def __init__(self, hosts, cluster, record, monitor, reporter, stall_after, waits):
         self.hosts, self.cluster, self.record = hosts, cluster, record
-        self.monitor, self.reporter, self.on_stall = monitor, reporter, on_stall
+        self.monitor, self.reporter, self.waits = monitor, reporter, waits
         self.stall_after = {t.label: stall_after if stall_after is not None
                             else t.machine.stall_after for t in cluster.tasks}
         self.stalled = {}         # label -> its Stalled event
         self.diagnosed = set()    # the stalled labels the last cause covered
         self.due = None           # when to take the stacks: stalls seen together settle first
-        self.cause = None         # the last cause named, while the tasks are still stalled
-        monitor.on_stall = self.event
+        self.cause = None         # the last Cause named, while the tasks are still stalled
 
     def watch(self):
         """Ask every machine's agent to watch its training tasks; a machine whose
@@ -98,17 +85,15 @@ class StallFollower:
         return max(poll_interval(s) for s in self.stall_after.values() if s) + 1.0
 
     def event(self, task, msg):
+        """An agent's Stalled or Resumed event about TASK."""
         if msg.kind == "stalled":
             self.stalled[task.label] = msg
-            self.reporter.note("%s stalled for %d s (no output, %.1f s CPU)"
-                               % (task.label, msg.seconds, msg.cpu))
+            self.reporter.note(wording.stalled_quietly(task.label, msg.seconds, msg.cpu))
             self.reporter.task_stalled(task, True)
             if self.due is None:
                 self.due = time.monotonic() + self.settle_seconds()
         elif self.stalled.pop(task.label, None) is not None:
-            self.reporter.note("%s is no longer stalled: %s after %d s without output" % (
-                task.label, "it printed" if msg.why == "output" else "it uses CPU again",
-                msg.seconds))
+            self.reporter.note(wording.resumed(task.label, msg.why, msg.seconds))
             self.reporter.task_stalled(task, False)
             self.diagnosed.discard(task.label)
             if not self.stalled:
@@ -118,28 +103,27 @@ class StallFollower:
         """A TF1 task that prints nothing but `CreateSession still waiting` for stall_after is
         stalled too: those lines keep its log growing, so its agent never calls it quiet."""
         now = time.monotonic()
-        waiting = self.monitor.causes.waiting
+        waiting = self.waits.waiting
         for label, (since, peer) in waiting.items():
             task = self.cluster.find(label)
             if task.job in TRAINING_JOBS and self.stall_after[label] and \
                     label not in self.stalled and now - since >= self.stall_after[label]:
                 self.stalled[label] = WAITING
-                self.reporter.note("%s stalled for %d s (it only repeats TensorFlow's "
-                                   "CreateSession wait for %s)" % (label, now - since, peer))
+                self.reporter.note(wording.stalled_waiting(label, now - since, peer))
                 self.reporter.task_stalled(task, True)
                 if self.due is None:
                     self.due = now + self.settle_seconds()
         for label in [l for l, why in self.stalled.items() if why is WAITING and l not in waiting]:
             self.stalled.pop(label)
-            self.reporter.note("%s is no longer stalled: it printed" % label)
+            self.reporter.note(wording.resumed(label, "output"))
             self.reporter.task_stalled(self.cluster.find(label), False)
             self.diagnosed.discard(label)
             if not self.stalled:
                 self.cause = None
 
     def check(self):
-        """Take the stacks and name the cause once the stalls settled; a RunStalled with
-        --on-stall stop, else None."""
+        """Take the stacks and name the cause once the stalls settled: a Cause of kind STALL
+        for the tasks stalled now, once; else None."""
         self._waits()
         if self.due is None or time.monotonic() < self.due:
             return None
@@ -163,26 +147,23 @@ class StallFollower:
         from tfcluster.diagnosis.stacks import stall_cause
         waits = self._wait_causes(stalled)
         cause = waits or stall_cause(self.cluster, self.monitor.states, self.monitor.ended_at,
-                                     stacks, stalled) or "%s stalled" % ", ".join(sorted(stalled))
+                                     stacks, stalled) or wording.stalled_plainly(stalled)
         self.reporter.note(cause)
-        self.cause = cause
-        if self.on_stall == "stop":
-            return RunStalled(cause)
-        return None
+        self.cause = Cause(STALL, cause, tuple(self.cluster.find(label)
+                                               for label in sorted(stalled)))
+        return self.cause
 
     def _wait_causes(self, stalled):
         """The CreateSession findings (tfcluster/diagnosis/causes.py) of the STALLED tasks that only wait
         for a peer, when every stalled task is one of them."""
-        causes = self.monitor.causes
+        waits = self.waits
         if not stalled or any(self.stalled.get(label) is not WAITING for label in stalled):
             return None
-        return "; ".join(causes.named_for.get(label) or "%s waits in CreateSession for %s" % (
-            label, causes.waiting[label][1]) for label in sorted(stalled))
+        return "; ".join(waits.named_for.get(label) or wording.waits_for(
+            label, waits.waiting[label][1]) for label in sorted(stalled))
 
-    def explain(self, outcome):
-        """OUTCOME, told the cause when the run is stopped (--timeout, Ctrl-C) while stalled."""
+    def current(self):
+        """The last stall's Cause while some of its tasks are still stalled and alive, else
+        None: a run stopped now (--timeout, Ctrl-C) stopped in that stall."""
         still = [label for label in self.stalled if self.monitor.alive(self.cluster.find(label))]
-        if self.cause is not None and still and isinstance(outcome, (RunTimedOut,
-                                                                     RunInterrupted)):
-            outcome.stall_cause = self.cause
-        return outcome
+        return self.cause if still else None

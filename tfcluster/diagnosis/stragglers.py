@@ -9,8 +9,9 @@ and the run's summary names it.
 """
 import time
 
+from tfcluster.diagnosis import STRAGGLER, Cause, wording
+from tfcluster.spec.cluster import TRAINING_JOBS
 
-TRAINING_JOBS = ("chief", "worker")
 RATE_WINDOW_S = 10.0
 SLOWER_THAN = 0.5   # of the peers' median rate
 UNIT = {"examples_per_s": "examples/s", "step": "steps/s"}
@@ -66,7 +67,10 @@ class StragglerWatch:
         return found, measure
 
     def tick(self, now=None):
+        """Mark the tasks that now straggle, unmark those that caught up; the Causes of those
+        marked now."""
         now = now or time.time()
+        marked = []
         rates, measure = self.rates(now)
         if rates:  # statistics (decimal, fractions, random: 4 ms) only where a median is taken
             import statistics
@@ -79,19 +83,20 @@ class StragglerWatch:
                 if named is not None:
                     named["worst"] = min(named["worst"], rate / median)
                 if label not in self.marked and now - since >= self.after:
-                    self._mark(label, since, now, rate, median, measure)
+                    marked.append(self._mark(label, since, now, rate, median, measure))
             else:
                 self.below_since.pop(label, None)
                 self._unmark(label, now)
+        return marked
 
     def _mark(self, label, since, now, rate, median, measure):
         self.marked[label] = since
         named = self.named.setdefault(label, {"since": since, "seconds": 0.0, "worst": 1.0})
         named["worst"] = min(named["worst"], rate / median)
-        self.reporter.note("%s is a straggler: %.3g %s over the last %gs, under half its peers' "
-                           "median (%.3g) for %ds" % (label, rate, UNIT[measure], self.window,
-                                                      median, now - since))
+        text = wording.straggling(label, rate, UNIT[measure], self.window, median, now - since)
+        self.reporter.note(text)
         self.reporter.task_straggling(self.running[label], True)
+        return Cause(STRAGGLER, text, (self.running[label],))
 
     def _unmark(self, label, now, quiet=False):
         since = self.marked.pop(label, None)
@@ -99,7 +104,7 @@ class StragglerWatch:
             return
         self.named[label]["seconds"] += now - since
         if not quiet:
-            self.reporter.note("%s caught up with its peers" % label)
+            self.reporter.note(wording.caught_up(label))
             self.reporter.task_straggling(self.running[label], False)
 
     def summary(self, now=None):
@@ -108,9 +113,7 @@ class StragglerWatch:
         lines = []
         for label, named in sorted(self.named.items()):
             seconds = named["seconds"] + (now - self.marked[label] if label in self.marked else 0)
-            since = time.strftime("%H:%M:%S", time.localtime(named["since"]))
-            lines.append("straggler: %s ran under half its peers' median rate for %ds from %s "
-                         "(at worst %.0f%% of it)" % (label, seconds, since, 100 * named["worst"]))
+            lines.append(wording.straggled(label, seconds, named["since"], named["worst"]))
         return lines
 
 

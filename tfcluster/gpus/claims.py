@@ -8,6 +8,7 @@ from tfcluster.gpus import placement as gpus
 from tfcluster.runs import store as runs
 from tfcluster.errors import PreflightError, RunFailed
 from tfcluster.runs.record import RunState
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import proc_stat, start_time
 
@@ -31,7 +32,7 @@ def join_queues(hosts, cluster, reports, run_id):
     """Take (or keep) this waiting run's place in the queue of every host whose GPUs it needs,
     before they are free: the runs waiting on a host start in the order they began waiting."""
     machines = [m for m, tasks in cluster.machines() if gpus.reported(reports, m) and any(
-        t.gpus_listed or t.job in gpus.TRAINING_JOBS for t in tasks)]
+        t.gpus_listed or t.job in TRAINING_JOBS for t in tasks)]
     return answers(hosts, machines, lambda link: P.ClaimGpus(run=run_id, gpus={}, wait=True),
                    reports)
 

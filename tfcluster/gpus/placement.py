@@ -10,9 +10,9 @@ could not give is handed out with a warning (docs/gpus.md).
 import re
 
 from tfcluster.errors import Problem
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster_agent.values import replace
 
-TRAINING_JOBS = ("chief", "worker")
 GPU_LINE = re.compile(r"^GPU (\d+):")
 
 

@@ -12,11 +12,11 @@ from tfcluster.gpus import claims as gpuqueue
 from tfcluster.launch import proxy
 from tfcluster.runs import store as runs
 from tfcluster.launch import sharing
-from tfcluster.errors import (PreflightError, RunFailed, RunInterrupted, RunTimedOut,
-                              TfclusterError, UsageError)
+from tfcluster.errors import (PreflightError, RunFailed, RunInterrupted, RunStalled,
+                              RunTimedOut, TfclusterError, UsageError)
 from tfcluster.hosts.links import Hosts
 from tfcluster.runs.metrics import MetricsStore, efficiency_message
-from tfcluster.launch.monitor import Monitor, failed_run, first_failure, policy_met, tracked
+from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.launch.plan import launch_counts, make_cluster
 from tfcluster.view.plot import write_run_svg
 from tfcluster.launch.preflight import (check_checkpoint_folder, controller_code_hash, preflight,
@@ -25,11 +25,10 @@ from tfcluster.runs import provenance
 from tfcluster.runs.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
 from tfcluster.spec.catalog import code_root
 from tfcluster.view.report import PlainReporter
-from tfcluster.diagnosis.stall import StallFollower
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
-from tfcluster.runs.store import host_run_dir
-from tfcluster.launch.teardown import (STOP_SIGNALS, Drain, finish, silence_terminal,
-                                       stop_tasks, write_task_records)
+from tfcluster.runs.store import host_run_dir, write_task_records
+from tfcluster.launch.teardown import STOP_SIGNALS, Drain, finish, silence_terminal, stop_tasks
 from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import boot_id, start_time
 from tfcluster_agent.values import field, replace, value_class
@@ -65,7 +64,7 @@ class LaunchOptions:
     wait: bool = False             # wait for claimed or busy GPUs and ports (gpuqueue)
     share_busy_gpus: bool = False  # hand out GPUs other processes use, knowingly
     stall_after: float | None = None  # None: each machine's tfcluster_stall_after; 0: off
-    on_stall: str = "report"       # or "stop" (tfcluster/diagnosis/stall.py)
+    on_stall: str = "report"       # or "stop": a stall's cause fails the run
     straggler_after: float = 30.0  # seconds under half the peers' median rate: a straggler
     command_line: tuple = ()       # the CLI's, --env values hidden (provenance.hidden_argv)
     rerun_of: str | None = None    # `tfcluster rerun`: the run launched again
@@ -157,7 +156,7 @@ class Launch:
         self.metrics = MetricsStore(self.record.dir)
         self.monitor = Monitor(self.hosts, self.cluster, self.record.dir, self.reporter,
                                metrics=self.metrics)
-        self.monitor.causes.configure(reports, options.straggler_after)
+        self.monitor.diagnosis.configure(reports, options.straggler_after)
         outcome = crash = None
         lost = set()
         try:
@@ -172,11 +171,8 @@ class Launch:
                 self.monitor.close()
                 return 0
             self.hosts.start_pinging()
-            self.stalls = StallFollower(self.hosts, self.cluster, self.record, self.monitor,
-                                        self.reporter, options.stall_after, options.on_stall)
-            self.stalls.watch()
+            self.monitor.diagnosis.watch_stalls(self.record, options.stall_after)
             outcome, lost = self._follow()
-            outcome = self.stalls.explain(outcome)
         except TfclusterError as err:
             outcome = err
         except BaseException as err:
@@ -318,15 +314,15 @@ class Launch:
             if monitor.write_error is not None:
                 return RunFailed("cannot write the logs in %s: %s" % (
                     self.record.dir, monitor.write_error)), []
-            stalled = self.stalls.check()
-            if stalled is not None:
-                return stalled, []
-            monitor.causes.tick()
-            failed = first_failure(cluster, monitor.states, monitor.causes.ends.order)
-            if failed and self._restart(failed[0], failed[1]):
+            stalled = monitor.diagnosis.stalled()
+            if stalled is not None and options.on_stall == "stop":
+                return RunStalled(str(stalled), cause=stalled), []
+            monitor.diagnosis.straggling()
+            failed = monitor.diagnosis.failure()
+            if failed and self._restart(failed.task, str(failed)):
                 continue
             if failed:
-                return failed_run(monitor, failed[0]), []
+                return RunFailed.of(monitor.diagnosis.failed(failed.task)), []
             lost = monitor.lost_machines(options.lost_contact)
             if lost:
                 return RunFailed("lost contact with %s for %gs: its agent stopped answering" % (
@@ -350,9 +346,11 @@ class Launch:
                                           self._finish_grace()))
                     return None, []
             if deadline and time.monotonic() > deadline:
-                return RunTimedOut("the run exceeded --timeout %gs" % options.timeout), []
+                return RunTimedOut("the run exceeded --timeout %gs" % options.timeout,
+                                   cause=monitor.diagnosis.still_stalled()), []
             if self.stop_event.is_set():
-                return RunInterrupted("interrupted by %s" % self.stop_reason), []
+                return RunInterrupted("interrupted by %s" % self.stop_reason,
+                                      cause=monitor.diagnosis.still_stalled()), []
 
 
 def launch(inventory_path, options, load_slots, reporter=None, planned=None):
@@ -390,7 +388,7 @@ def efficiency_lines(base, main):
     """The cluster's examples/s against the single task's, per core used."""
     def training(record):
         return [(label, entry) for label, entry in record.tasks.items()
-                if entry.job in ("chief", "worker")]
+                if entry.job in TRAINING_JOBS]
 
     def throughput(record):
         return sum((record.results.get(label) or {}).get("examples_per_s") or 0

@@ -1,5 +1,6 @@
 """Following a run: the agents' events become task states, log files, metrics and console lines;
-the success policy and the first failure are decided from those states.
+the success policy is decided from those states, and every event goes on to the run's Diagnosis
+(tfcluster/diagnosis/entry.py), which names the first failure, stalls and stragglers.
 
 The monitor is the only writer of task state: the agents' events, the restarts the launcher
 decides and the attach answers of status/logs/stop all go through it, and so do the task entries
@@ -7,20 +8,18 @@ of the run's record."""
 import collections
 import os
 import queue
-import signal
 import time
 import types
 
 from tfcluster.diagnosis import rootcause
+from tfcluster.diagnosis.entry import Diagnosis
 from tfcluster.runs import store as runs
-from tfcluster.diagnosis.causes import Causes
-from tfcluster.errors import RunFailed
 from tfcluster.hosts.links import CLOSED
 from tfcluster.runs.record import RestartEntry, RunState, TaskState, TaskStatus, check_transition
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster_agent import protocol as P
 from tfcluster_agent.values import as_dict, replace
 
-TRACKED_JOBS = ("chief", "worker")
 TAIL_LINES = 20
 
 
@@ -37,7 +36,6 @@ class Monitor:
         self.listening = set()     # labels of ps tasks that listen
         self.started_at = {}       # label -> time.time() of its start
         self.ended_at = {}         # label -> time.time() its end was heard
-        self.on_stall = None       # called with (task, Stalled or Resumed event), if set
         self.first_step_s = {}     # label -> seconds from start to its first metric
         self.results = {}          # label -> its last TFCLUSTER_RESULT
         self.tails = {t.label: collections.deque(maxlen=TAIL_LINES) for t in cluster.tasks}
@@ -45,7 +43,7 @@ class Monitor:
         self.record_dir = record_dir  # where logs are written; None: nowhere
         self.write_error = None
         self._logs = {}
-        self.causes = Causes(self)  # why tasks wait or fail, named as it happens
+        self.diagnosis = Diagnosis(self)  # why tasks wait, stall, lag or fail
         if record_dir:
             os.makedirs(record_dir, exist_ok=True)
 
@@ -73,7 +71,7 @@ class Monitor:
             self.closed_links.add(key)
             return
         if isinstance(msg, P.Probed):
-            self.causes.probed(msg)
+            self.diagnosis.probed(msg)
             return
         task = self.by_name.get((key, getattr(msg, "name", None)))
         if task is None:
@@ -81,7 +79,7 @@ class Monitor:
         if isinstance(msg, P.Started):
             self._set(task, state=TaskState.RUNNING, alive=True, exit=None, pid=msg.pid)
             self.started_at[task.label] = msg.time
-            self.causes.started(task)
+            self.diagnosis.started(task)
             self.reporter.task_started(task, msg.pid)
         elif isinstance(msg, P.Listening):
             self.listening.add(task.label)
@@ -90,10 +88,10 @@ class Monitor:
         elif isinstance(msg, P.Exited):
             self.ended_at[task.label] = time.time()
             state = self._set(task, alive=False, exit=msg.code, state=TaskState(msg.state))
-            self.causes.exited(task, msg.ended)
+            self.diagnosis.exited(task, msg.ended)
             self.reporter.task_exited(task, msg.code, str(task_state(task, state)))
-        elif msg.kind in ("stalled", "resumed") and self.on_stall is not None:
-            self.on_stall(task, msg)
+        elif msg.kind in ("stalled", "resumed"):
+            self.diagnosis.stall_event(task, msg)
 
     # ------------------------------------------------------------ task state
     def _set(self, task, **changes):
@@ -175,7 +173,7 @@ class Monitor:
         for line in text.splitlines():
             self.tails[task.label].append(line)
             self.reporter.task_line(task, line)
-            self.causes.line(task, line)
+            self.diagnosis.line(task, line)
             parsed = P.parse_line(line)
             if parsed is None:
                 continue
@@ -188,7 +186,7 @@ class Monitor:
                 self.first_step_s[task.label] = round(point["time"] - self.started_at[task.label], 3)
             if self.metrics is not None:
                 self.metrics.add(task, point)
-            self.causes.metric(task, point)
+            self.diagnosis.metric(task, point)
             self.reporter.task_metric(task, point)
 
     def close(self):
@@ -209,7 +207,7 @@ class Monitor:
 
 
 def tracked(cluster):
-    return [t for t in cluster.tasks if t.job in TRACKED_JOBS]
+    return [t for t in cluster.tasks if t.job in TRAINING_JOBS]
 
 
 def policy_tasks(cluster, policy):
@@ -228,69 +226,6 @@ def policy_met(cluster, states, policy):
                for t in policy_tasks(cluster, policy))
 
 
-def first_failure(cluster, states, order=None):
-    """A tracked task that failed, or a ps that ended (workers would hang without it); the one
-    that ended first when ORDER (label -> sort key, rootcause.EndOrder.order) is given."""
-    for task in sorted(cluster.tasks, key=lambda t: order(t.label)) if order else cluster.tasks:
-        state = states.get(task.label)
-        if not state or state.alive:
-            continue
-        if (task.job in TRACKED_JOBS and state.exit != 0) or task.job == "ps":
-            return task, failure_message(task, state)
-    return None
-
-
-def failure_message(task, state):
-    if task.job == "ps":
-        return "%s on %s ended while the run was active (%s)" % (
-            task.label, task.machine.address, describe_exit(state))
-    return "%s on %s %s" % (task.label, task.machine.address, describe_exit(state))
-
-
-def failed_run(monitor, task):
-    """RunFailed for the end of TASK that failed the run, said with what is known of it: a ps
-    that never listened, a collective that lost its peers."""
-    state = monitor.states[task.label]
-    if task.job == "ps" and task.label not in monitor.listening:
-        message = "%s on %s %s before it listened on %s" % (
-            task.label, task.machine.address, describe_exit(state), task.address)
-    else:
-        message = failure_message(task, state)
-    from tfcluster.diagnosis.stacks import collective_abort_cause  # a failure's: its regexes
-    return RunFailed(collective_abort_cause(monitor.cluster, monitor.states, monitor.ended_at,
-                                            task, monitor.tails[task.label]) or message,
-                     task=task)
-
-
-def earliest_failure(monitor, outcome):
-    """OUTCOME, or the run's failure named by an earlier end heard after it (ends from one host
-    can arrive out of order; the teardown hears the last of them)."""
-    task = getattr(outcome, "task", None)
-    if not isinstance(outcome, RunFailed) or task is None or \
-            not monitor.causes.ends.ended(task.label):
-        return outcome
-    found = rootcause.failures(monitor.cluster, monitor.states, monitor.ended_at,
-                               monitor.causes.ends)
-    if not found or found[0][0] is task or \
-            monitor.causes.ends.order(found[0][0].label) > monitor.causes.ends.order(task.label):
-        return outcome
-    return failed_run(monitor, found[0][0])
-
-
-def describe_exit(state):
-    if state.state == TaskState.LOST:
-        return "disappeared without an exit status"
-    code = state.exit
-    if code == P.DRAINED_EXIT:
-        return "ended on the termination notice (status %d)" % code
-    if code is not None and code > 128:
-        try:
-            return "was killed by %s" % signal.Signals(code - 128).name
-        except ValueError:
-            pass
-    return "exited with status %s" % code
-
-
 def task_state(task, state):
     """How a task ended (TaskStatus STATE), for summaries and records."""
     if not state:
@@ -304,7 +239,6 @@ def task_state(task, state):
         return TaskState.SUCCEEDED
     if task.job == "ps" and code is not None and code >= 128:
         return TaskState.STOPPED
-    if code is not None and code in (128 + signal.SIGTERM, 128 + signal.SIGKILL,
-                                     P.DRAINED_EXIT):  # the last: it saved and ended on notice
+    if code in rootcause.STOPPED_BY_US:
         return TaskState.STOPPED
     return TaskState.FAILED

@@ -1,6 +1,5 @@
 """The end of a run: stop every task on every machine in parallel, collect what was not streamed
 (TensorBoard events), write the run's records and print the summary."""
-import json
 import os
 import signal
 import threading
@@ -8,10 +7,9 @@ import threading
 from tfcluster.runs import store as runs
 from tfcluster.runs.store import write_private
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
-from tfcluster.diagnosis.hints import print_hints
-from tfcluster.launch.monitor import TAIL_LINES, earliest_failure, policy_met
+from tfcluster.diagnosis import STALL, wording
+from tfcluster.launch.monitor import TAIL_LINES, policy_met
 from tfcluster.runs.record import RunState, TaskState
-from tfcluster.diagnosis.stall import stall_cause
 from tfcluster.view.summary import print_summary
 from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import group_is_ours
@@ -94,7 +92,7 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
            lost=(), drain=None):
     """Stop everything (after the termination notice, with DRAIN), collect, record the end,
     print the summary; returns OUTCOME, or the failure that came before it (earliest_failure)."""
-    monitor.causes.teardown_began()  # tasks that end from here on may be ours to stop
+    monitor.diagnosis.teardown_began()  # tasks that end from here on may be ours to stop
     with signals_deferred(reporter):
         if drain is not None and drain.seconds:
             reporter.note("termination notice to every task (%s): they get %gs to checkpoint "
@@ -105,7 +103,7 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
         hosts.close()
         monitor.pump(0)
         monitor.close()
-    outcome = earliest_failure(monitor, outcome)
+    outcome = earliest_failure(monitor.diagnosis, outcome)
     for line in leftovers + problems:
         reporter.note("WARNING " + line)
     try:
@@ -113,17 +111,28 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
     except OSError as err:
         reporter.note("WARNING cannot write the run's records in %s: %s" % (
             record.dir, err.strerror or err))
-    if stall_cause(outcome):
-        reporter.note("the run stalled: %s" % stall_cause(outcome))
-    print_summary(reporter, cluster, record, *monitor.causes.report())
+    cause = outcome.cause if outcome is not None else None
+    if cause is not None and cause.kind == STALL:
+        reporter.note(wording.run_stalled(cause))
+    print_summary(reporter, cluster, record, *monitor.diagnosis.report())
     if isinstance(outcome, RunFailed) and outcome.task is not None:
         reporter.note("last %d lines of %s:" % (TAIL_LINES, outcome.task.label))
         for line in monitor.tails[outcome.task.label]:
             reporter.out("    " + line)
     if outcome is not None:
-        print_hints(reporter, record.dir, [task.log for task in record.tasks.values()
-                                           if task.state is TaskState.FAILED and task.log])
+        monitor.diagnosis.print_hints(record.dir, [task.log for task in record.tasks.values()
+                                                   if task.state is TaskState.FAILED and task.log])
     reporter.note("logs and run.json in %s" % record.dir)
+    return outcome
+
+
+def earliest_failure(diagnosis, outcome):
+    """OUTCOME, or the run's failure named by an earlier end heard after it (DIAGNOSIS:
+    earlier_failure)."""
+    if isinstance(outcome, RunFailed) and outcome.task is not None:
+        earlier = diagnosis.earlier_failure(outcome.task)
+        if earlier is not None:
+            return RunFailed.of(earlier)
     return outcome
 
 
@@ -146,12 +155,6 @@ def record_end(cluster, record, monitor, outcome, stopped_by_user, leftovers, pr
     if outcome is not None:
         record.failure = str(outcome)
     runs.save(record)
-
-
-def write_task_records(record_dir, cluster, public_specs):
-    for task in cluster.tasks:
-        write_private(os.path.join(record_dir, task.name + ".task.json"),
-                      json.dumps(public_specs[task.label], indent=1))
 
 
 def end_state(outcome):

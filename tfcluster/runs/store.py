@@ -192,3 +192,10 @@ def write_private(path, data):
             left = left[os.write(fd, left):]
     finally:
         os.close(fd)
+
+
+def write_task_records(record_dir, cluster, public_specs):
+    """Every task's spec as the run's record keeps it (no env values): RECORD_DIR/NAME.task.json."""
+    for task in cluster.tasks:
+        write_private(os.path.join(record_dir, task.name + ".task.json"),
+                      json.dumps(public_specs[task.label], indent=1))

@@ -9,6 +9,9 @@ from tfcluster_agent.values import value_class
 
 # Jobs that run a gRPC server and so appear in the cluster; an evaluator only reads checkpoints.
 SERVER_JOBS = ("chief", "worker", "ps")
+# Jobs that train: the success policy follows them, they get GPUs by default, and their stalls,
+# lags and failed exits are the run's. A ps only serves them.
+TRAINING_JOBS = ("chief", "worker")
 
 
 @value_class(frozen=True)

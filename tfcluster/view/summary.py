@@ -1,12 +1,12 @@
 """The end of a run on the console: one row per task with the results its trainer reported."""
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster_agent.protocol import RESULT_KEYS
 
 SUMMARY_KEYS = tuple(k for k in RESULT_KEYS if k != "initial_loss")
-TRAINING_JOBS = ("chief", "worker")
 
 
 def print_summary(reporter, cluster, record, causes=(), row_notes=None):
-    """CAUSES: lines naming why the run failed or lagged (tfcluster.diagnosis.causes); ROW_NOTES:
+    """CAUSES: lines naming why the run failed or lagged (the Diagnosis's report()); ROW_NOTES:
     {label: a note at the end of its row} ("first failure", "after ps:0", "straggler")."""
     results = record.results
     row_notes = row_notes or {}
