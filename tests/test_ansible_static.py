@@ -214,16 +214,25 @@ def test_validate_accepts_the_sample_inventory():
     assert "deploy.yml and teardown.yml provision through: chief0, ps0, worker1" in proc.stdout
 
 
-def test_validate_requires_ps_and_worker(tmp_path):
-    proc = validate(tmp_path, "all:\n  children:\n    worker:\n      hosts:\n"
-                              "        w0: {ansible_host: 192.0.2.1}\n")
-    assert proc.returncode != 0
-    assert "no host in group(s) ps" in proc.stdout
-    assert "this inventory has the groups worker" in proc.stdout
-    # --limit leaves the controller's play out: the slots' play checks the groups then.
-    limited = validate(tmp_path, (tmp_path / "hosts.yml").read_text(), "--limit", "w0")
-    assert limited.returncode != 0
-    assert "no host in group(s) ps" in limited.stdout
+def test_validate_takes_workers_alone_and_requires_a_task_group(tmp_path):
+    """A workers-only inventory (MultiWorkerMirroredStrategy's shape) validates; one with no host
+    in any task group does not, and neither does one that lacks a group tfcluster_required_groups
+    names, also under --limit (which leaves the controller's play out: the slots' play checks)."""
+    workers = ("all:\n  children:\n    worker:\n      hosts:\n"
+               "        w0: {ansible_host: 192.0.2.1}\n        w1: {ansible_host: 192.0.2.2}\n")
+    accepted = validate(tmp_path, workers)
+    assert accepted.returncode == 0, accepted.stdout[-4000:]
+    none = validate(tmp_path, "all:\n  children:\n    gpus:\n      hosts:\n"
+                              "        g0: {ansible_host: 192.0.2.1}\n")
+    assert none.returncode != 0
+    assert "The inventory has no host in a task group" in none.stdout
+    assert "this inventory has the groups gpus" in none.stdout
+    required = workers.replace("all:\n", "all:\n  vars:\n    tfcluster_required_groups: [ps]\n")
+    for extra in ((), ("--limit", "w0")):
+        proc = validate(tmp_path, required, *extra)
+        assert proc.returncode != 0, extra
+        assert "no host in required group(s) ps" in proc.stdout, proc.stdout[-3000:]
+        assert "this inventory has the groups worker" in proc.stdout
 
 
 def test_validate_rejects_an_unquoted_version_and_a_relative_root(tmp_path):

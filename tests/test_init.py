@@ -77,7 +77,7 @@ def test_files_inside_the_folder_are_written_relative(tmp_path):
 
 
 def test_without_hosts_it_asks_on_a_terminal(tmp_path, monkeypatch, capsys):
-    answers = iter(["ps.example.com w1.example.com w2.example.com", "", ""])
+    answers = iter(["ps.example.com w1.example.com w2.example.com", "", "", ""])
     monkeypatch.setattr("builtins.input", lambda *_: next(answers))
     monkeypatch.setattr(sys, "stdin", type("Tty", (io.StringIO,), {"isatty": lambda self: True})())
     assert init(tmp_path) == 0

@@ -112,7 +112,9 @@ def build_parser(only=None):
     p.add_argument("--watch", nargs="?", type=seconds, const=2.0, metavar="S",
                    help="refresh in place every S seconds (default 2) until Ctrl-C")
 
-    sub.add_parser("examples", help="list the built-in examples")
+    p = sub.add_parser("examples", help="list the built-in examples")
+    p.add_argument("-i", "--inventory",
+                   help="mark which examples this inventory can run, and why not")
 
     p = sub.add_parser("status", help="tasks of a run and their state")
     p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest)")

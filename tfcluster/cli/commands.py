@@ -165,9 +165,17 @@ def cmd_sync(args):
 
 
 def cmd_examples(args):
-    for name, example in catalog.load_catalog().items():
+    examples = catalog.load_catalog()
+    if args.inventory:
+        tasks = spec.job_counts(inventory.require_slots(args.inventory))
+        print("%s: %s" % (args.inventory, catalog.inventory_shape(tasks, examples)))
+    for name, example in examples.items():
         topology = " ".join("%d %s" % (n, job) for job, n in example.topology.items() if n)
-        print("%-22s %-22s %s" % (name, topology, example.description))
+        if not args.inventory:
+            print("%-22s %-22s %s" % (name, topology, example.description))
+            continue
+        why = catalog.unfit(example, tasks)
+        print("%-22s %-22s %s" % (name, topology, "runs" if why is None else "no: " + why))
     return 0
 
 

@@ -48,7 +48,14 @@ def main(argv=None):
     argv = argv[:argv.index("--")] if "--" in argv else argv
     try:
         parser = build_parser(named_command(argv, COMMANDS))  # imports a command's module
-        args = parser.parse_args(argv)
+        args, rest = parser.parse_known_args(argv)
+        # A command's list of positionals may come after its options too (`init DIR --user U
+        # HOST ...`): argparse leaves those over.
+        spread = getattr(args, "spread", None)
+        if rest and (not spread or any(item.startswith("-") for item in rest)):
+            parser.error("unrecognized arguments: %s" % " ".join(rest))
+        if rest:
+            getattr(args, spread).extend(rest)
         args.trainer_args, args.argv = trainer_args, full
         # An error about the default names no --runs-dir: none was given.
         args.runs_dir_given = args.runs_dir is not None
@@ -64,3 +71,6 @@ def main(argv=None):
         return err.exit_code
     except KeyboardInterrupt:  # Ctrl-C: the command stopped what it started, no traceback
         return 130
+    except BrokenPipeError:  # a reader that went away (`tfcluster examples | head -1`)
+        sys.stdout = open(os.devnull, "w")
+        return 0

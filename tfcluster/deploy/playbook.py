@@ -13,6 +13,8 @@ import sys
 
 import tfcluster
 from tfcluster.errors import UsageError
+from tfcluster.spec.catalog import inventory_shape, load_catalog
+from tfcluster.spec.cluster import job_counts
 
 COLLECTION = os.path.join("ansible_collections", "tfcluster", "cluster")
 PLAYBOOKS = ("deploy", "stop", "teardown", "validate")
@@ -131,6 +133,9 @@ def check_inventory(inventory, playbook="deploy"):
         raise UsageError("inventory %s: every slot has tfcluster_deploy: false, so there is "
                          "nothing to %s: set tfcluster_deploy: true for the machines to provision"
                          % (inventory, PROVISIONING[playbook]))
+    if playbook == "deploy":  # what the machines will run, before minutes of provisioning
+        print("tfcluster: %s: %s" % (inventory, inventory_shape(job_counts(slots), load_catalog())),
+              flush=True)
 
 
 def run(args):

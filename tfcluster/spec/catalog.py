@@ -43,6 +43,12 @@ class Example:
     restart: str = "task"
     # The data set its `args` read from disk; preflight checks its files on every machine.
     dataset: str = ""
+    # Groups it can also take tasks from, beyond its topology's (count flags: `--chief 1`).
+    can_use: tuple = ()
+
+    def needs(self):
+        """{job: tasks} its topology needs: the groups an inventory must have."""
+        return {job: n for job, n in self.topology.items() if n}
 
 
 def load_catalog(path=None):
@@ -52,6 +58,7 @@ def load_catalog(path=None):
         entries = yaml.safe_load(handle) or {}
     catalog = {}
     for name, entry in entries.items():
+        entry["can_use"] = tuple(entry.get("can_use", ()))
         example = Example(name=name, **entry)
         if example.success not in POLICIES:
             raise ValueError("catalog %s: %s has success %r, expected one of %s"
@@ -172,3 +179,35 @@ def check_trainer_args(example, user_args):
         closest = difflib.get_close_matches(flag, flags, n=1, cutoff=0) or flags[:1]
         raise UsageError("%s's trainer has no flag %s: the closest is %s (see `%s --help`)"
                          % (example.name, flag, closest[0], parser.prog))
+
+
+def plural(count, job):
+    return "%d %s%s" % (count, job, "s" if count != 1 and job != "ps" else "")
+
+
+def unfit(example, tasks):
+    """Why an inventory with TASKS ({job: tasks it offers}) cannot run EXAMPLE, or None."""
+    for job, wanted in example.needs().items():
+        have = tasks.get(job, 0)
+        if not have:
+            return "needs %s: the inventory has no %s group" % (plural(wanted, job), job)
+        if have < wanted:
+            return "needs %s: the inventory has %d" % (plural(wanted, job), have)
+    return None
+
+
+def inventory_shape(tasks, catalog):
+    """One line on what an inventory with TASKS ({job: tasks}) runs: its tasks, the built-in
+    examples that fit it, and what --cmd programs can use."""
+    jobs = [plural(tasks[job], job) for job in ("chief", "worker", "ps", "evaluator")
+            if tasks.get(job)]
+    shape = ", ".join(jobs) + ("" if tasks.get("ps") else ", no ps")
+    fitting = [name for name, example in catalog.items() if unfit(example, tasks) is None]
+    strategies = ("programs with a ps (between-graph replication, ParameterServerStrategy)"
+                  if tasks.get("ps") else "programs using MultiWorkerMirroredStrategy")
+    line = "%s: %s%s--cmd %s" % (shape, ", ".join(fitting), " and " if fitting else "",
+                                 strategies)
+    if not tasks.get("ps"):
+        line += "; the ps examples need a ps group"
+    return line
+

@@ -106,6 +106,14 @@ def build_cluster(slots, counts=None, task_per_gpu=True):
     return Cluster(tasks)
 
 
+def job_counts(slots):
+    """{job: tasks} the inventory's SLOTS offer (a worker slot listing GPUs: one per GPU)."""
+    counts = {}
+    for slot in slots:
+        counts[slot.job] = counts.get(slot.job, 0) + len(_expand(slot))
+    return counts
+
+
 def _expand(slot, task_per_gpu=True):
     """(slot, devices, listed) per task: one task per listed GPU on a worker with TASK_PER_GPU.
 
