@@ -11,4 +11,4 @@ def main(argv):
         os.path.expanduser("~"), ".cache", "tfcluster", "pycache")
     sys.dont_write_bytecode = False
     from tfcluster_agent.commands import main as run
-    run(argv)
+    sys.exit(run(argv))
