@@ -1,4 +1,6 @@
-"""One agent per machine, alive for the whole run: a local child process or one SSH channel.
+"""One agent per machine, alive for the whole run: a local child process or one SSH channel. The
+same link runs the agent's one-shot commands (`tfcluster sync`'s sync-list and sync-apply) on its
+connection: the one channel to the hosts.
 
 Every link has its own reader thread, which turns the agent's JSON lines into messages: replies to
 a request go to the link's reply queue, events (started, output, exited...) to one queue shared by
