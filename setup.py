@@ -1,8 +1,9 @@
 """The wheel's one build step beyond pyproject.toml: the Ansible content (galaxy.yml, meta/,
-playbooks/, roles/, ansible.cfg) goes into the wheel as ansible_collections/tfcluster/cluster/, copied from
-this checkout at build time, so playbooks/ and roles/ stay the one source. ansible-playbook finds
-collections on sys.path: with the wheel installed, `ansible-playbook tfcluster.cluster.deploy`
-works anywhere. An editable install (`make setup`) runs the checkout's playbooks/ instead."""
+playbooks/, plugins/, roles/, ansible.cfg) goes into the wheel as ansible_collections/tfcluster/cluster/,
+copied from this checkout at build time, so they stay the one source (a link in
+plugins/module_utils/ becomes the file it names). ansible-playbook finds collections on
+sys.path: with the wheel installed, `ansible-playbook tfcluster.cluster.deploy` works anywhere.
+An editable install (`make setup`) runs the checkout's playbooks/ instead."""
 import os
 import shutil
 
@@ -13,7 +14,7 @@ COLLECTION = os.path.join("ansible_collections", "tfcluster", "cluster")
 # COLLECTION.md: the collection's README (galaxy.yml's readme); ansible.cfg: the settings
 # `tfcluster deploy` runs the playbooks with (ANSIBLE_CONFIG); inventory/sample: what
 # `tfcluster init --sample` copies.
-CONTENT = ("galaxy.yml", "COLLECTION.md", "ansible.cfg", "meta", "playbooks", "roles",
+CONTENT = ("galaxy.yml", "COLLECTION.md", "ansible.cfg", "meta", "playbooks", "plugins", "roles",
            os.path.join("inventory", "sample"))
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

@@ -421,8 +421,8 @@ print(sorted(m for m in ("re", "enum", "json") if m in sys.modules))""" % (
 def test_the_agent_without_site_finds_tensorflow_where_a_plain_start_would():
     """The agent starts with -S (no site): its preflight still looks TensorFlow up in-process,
     in the folders site would add, and finds what the interpreter's plain start imports."""
-    from tfcluster_agent.hostinfo import LOCATE_TENSORFLOW
-    plain = subprocess.run([sys.executable, "-c", LOCATE_TENSORFLOW + "print(found)"],
+    from tfcluster_agent.hostinfo import TF_PROBE
+    plain = subprocess.run([sys.executable, TF_PROBE, "locate"],
                            capture_output=True, text=True, check=True).stdout.strip()
     without_site = subprocess.run(
         [sys.executable, "-S", "-c", "import sys; sys.path.insert(0, %r); from tfcluster_agent "

@@ -21,9 +21,11 @@ from tfcluster.deploy import playbook as deploy
 from tfcluster.deploy import wheelhouse
 
 COLLECTION = "ansible_collections/tfcluster/cluster/"
-# What `make collection` puts in the tarball: its README (COLLECTION.md), the Ansible content,
-# the host packages and the datasets role's manifest (tfcluster/data/datasets.json, its one file from tfcluster/).
-TARBALL_TOP = {"COLLECTION.md", "meta", "playbooks", "roles", "tfcluster", "tfcluster_agent", "trainers"}
+# What `make collection` puts in the tarball: its README (COLLECTION.md), the Ansible content
+# (its modules in plugins/), the host packages and the datasets role's manifest
+# (tfcluster/data/datasets.json, its one file from tfcluster/).
+TARBALL_TOP = {"COLLECTION.md", "meta", "playbooks", "plugins", "roles", "tfcluster",
+               "tfcluster_agent", "trainers"}
 HARMLESS_INVENTORY = """all:
   vars:
     ansible_connection: local
@@ -37,6 +39,38 @@ HARMLESS_INVENTORY = """all:
       hosts:
         ps0: {ansible_host: localhost}
 """
+
+
+# The collection's modules (plugins/modules/) by their collection names, one of them through a
+# module_utils file that is a link in the checkout (plugins/module_utils/shares.py).
+MODULES_PLAY = """- name: Run the collection's modules
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Ensure the folder has its marker
+      tfcluster.cluster.folder_tokens:
+        paths: ["{{ folder }}"]
+      register: tokens
+    - name: Check the administrator's half
+      tfcluster.cluster.system_ready:
+        packages: []
+        python: "{{ ansible_playbook_python }}"
+        python_range: ["3.0", "3.99"]
+        root: "{{ folder }}"
+      register: ready
+    - name: Show what they found
+      ansible.builtin.debug:
+        msg: "token={{ tokens.tokens[folder] }} made={{ tokens.made }} changed={{ tokens.changed }}
+          missing={{ ready.missing }}"
+"""
+
+
+def modules_play_ran(proc, folder):
+    """True when ansible-playbook's PROC ran MODULES_PLAY on FOLDER: the marker made and read."""
+    from tfcluster_agent import shares
+    token = shares.folder_id(str(folder), create=False)
+    return proc.returncode == 0 and token and (
+        "token=%s made=['%s'] changed=True missing=[]" % (token, folder)) in proc.stdout
 
 
 def git_files(*paths):
@@ -93,6 +127,19 @@ def test_tarball_leaves_everything_else_out():
                        for part in (path.split("/")[0], path) for pattern in patterns)]
     assert {path.split("/")[0] for path in kept} == TARBALL_TOP | {"galaxy.yml"}, kept
     assert [path for path in kept if path.startswith("tfcluster/")] == ["tfcluster/data/datasets.json"]
+
+
+def test_the_collections_modules_run_from_the_checkout(tmp_path):
+    """ansible.cfg finds plugins/modules/ by their collection names, wherever ansible-playbook
+    starts (as `tfcluster deploy` runs it: ANSIBLE_CONFIG)."""
+    (tmp_path / "modules.yml").write_text(MODULES_PLAY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    folder = tmp_path / "shared"
+    proc = subprocess.run([ansible_tool("ansible-playbook"), "modules.yml",
+                           "-e", "folder=%s" % folder], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert modules_play_ran(proc, folder), proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 def test_find_content_prefers_the_installed_collection(tmp_path):
@@ -179,7 +226,7 @@ def in_installed(installed, *argv, timeout=300):
 def test_wheel_carries_the_checkouts_ansible_content(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        for path in git_files("playbooks", "roles", "meta", "galaxy.yml", "COLLECTION.md",
+        for path in git_files("playbooks", "plugins", "roles", "meta", "galaxy.yml", "COLLECTION.md",
                               "ansible.cfg", "inventory/sample"):
             assert COLLECTION + path in names, path
             with open(os.path.join(REPO, path), "rb") as handle:
@@ -207,6 +254,19 @@ def test_installed_wheel_runs_the_playbooks_outside_the_checkout(installed):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "tfcluster: ansible-playbook tfcluster.cluster.deploy -i hosts.yml --check" in proc.stdout
     assert re.search(r"worker0\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", proc.stdout)
+
+
+@pytest.mark.slow
+def test_installed_wheel_runs_the_collections_modules(installed):
+    python, site, work = installed
+    with open(os.path.join(work, "modules.yml"), "w") as handle:
+        handle.write(MODULES_PLAY)
+    folder = os.path.join(work, "shared")
+    proc = in_installed(installed, "-m", "ansible", "playbook", "modules.yml",
+                        "-e", "folder=%s" % folder)
+    assert modules_play_ran(proc, folder), proc.stdout[-3000:] + proc.stderr[-2000:]
+    # The link in the checkout is the file it names in the wheel.
+    assert not os.path.islink(os.path.join(site, COLLECTION, "plugins", "module_utils", "shares.py"))
 
 
 @pytest.mark.slow
@@ -277,3 +337,9 @@ def test_collection_tarball_installs_and_runs_from_files(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert str(tmp_path / "collections" / COLLECTION) in proc.stdout
+    (tmp_path / "modules.yml").write_text(MODULES_PLAY)
+    folder = tmp_path / "shared"
+    proc = subprocess.run([sys.executable, "-m", "ansible", "playbook", "modules.yml",
+                           "-e", "folder=%s" % folder], cwd=str(tmp_path),
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert modules_play_ran(proc, folder), proc.stdout[-3000:] + proc.stderr[-2000:]

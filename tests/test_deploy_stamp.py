@@ -1,9 +1,8 @@
-"""playbooks/files/deploy_stamp.py, run as deploy.yml runs it (python -c SOURCE ...) on a
-folder of files standing in for a host: the stamp sees drift, ignores what it must, and the
-controller's inputs hash follows the files a deploy is made from. tests/test_dockerhosts.py runs
-it for real on containers."""
+"""The deploy stamp (tfcluster_agent/deploystamp.py), run as deploy.yml runs it (the agent's
+command `stamp`, python -B ROOT/tfcluster_agent stamp ...) on a folder of files standing in for a
+host: the stamp sees drift, ignores what it must, and the controller's inputs hash follows the
+files a deploy is made from. tests/test_dockerhosts.py runs it for real on containers."""
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -15,12 +14,9 @@ import sys
 import pytest
 
 from support import REPO
+from tfcluster_agent import deploystamp as deploy_stamp
 
-SCRIPT = os.path.join(REPO, "playbooks", "files", "deploy_stamp.py")
-SOURCE = open(SCRIPT).read()
-_spec = importlib.util.spec_from_file_location("deploy_stamp", SCRIPT)
-deploy_stamp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(deploy_stamp)
+AGENT = os.path.join(REPO, "tfcluster_agent")
 
 
 def stamp_tool(*args):
@@ -32,9 +28,9 @@ def stamp_tool(*args):
 
 
 def stamp_command(*args):
-    """As deploy.yml runs it on a host: the source inline, python -c."""
-    proc = subprocess.run([sys.executable, "-c", SOURCE, *args], capture_output=True, text=True,
-                          timeout=60)
+    """As deploy.yml runs it on a host: the agent's command line."""
+    proc = subprocess.run([sys.executable, "-B", AGENT, "stamp", *args], capture_output=True,
+                          text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -144,8 +140,9 @@ def test_a_damaged_stamp_does_not_match(host):
 
 
 def test_usage_error_exits_2():
-    proc = subprocess.run([sys.executable, SCRIPT, "check"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "deploy_stamp.py check STAMP INPUTS" in proc.stderr
+    proc = subprocess.run([sys.executable, "-B", AGENT, "stamp", "check"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "stamp check STAMP INPUTS" in proc.stderr
 
 
 def test_dpkg_status_reads_version_and_status(tmp_path):

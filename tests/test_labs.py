@@ -21,7 +21,7 @@ from tfcluster.spec.cluster import Cluster, Task
 from tfcluster.runs.store import host_run_dir
 from tfcluster_agent import shares
 
-READY = os.path.join(REPO, "playbooks", "files", "system_ready.py")
+READY = os.path.join(REPO, "plugins", "modules", "system_ready.py")
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
 
 
@@ -144,15 +144,19 @@ def test_deploy_system_runs_only_the_administrators_half(tmp_path):
 
 
 def ready(tmp_path, **wanted):
-    """system_ready.py as deploy.yml runs it (inline, one JSON argument)."""
+    """The module system_ready as Ansible runs it on a host (its arguments in a file, JSON out)."""
     base = {"packages": ["python3"], "python": sys.executable, "python_range": ["3.10", "3.13"],
             "gpu": False, "nvidia_smi": "nvidia-smi", "min_driver": "555.42.06",
             "root": str(tmp_path / "home" / "tfcluster")}
-    out = subprocess.run([sys.executable, "-c", open(READY).read(), json.dumps(dict(base, **wanted))],
+    arguments = tmp_path / "arguments.json"
+    arguments.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": dict(base, **wanted)}))
+    out = subprocess.run([sys.executable, READY, str(arguments)],
                          capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, FAKE_NVIDIA_SMI_STATE=str(tmp_path / "gpus.json")))
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    found = json.loads(out.stdout)
+    assert found["changed"] is False
+    return found
 
 
 def test_a_users_deploy_names_what_the_administrators_half_left_out(tmp_path):

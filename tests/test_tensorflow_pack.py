@@ -1,5 +1,5 @@
 """The packed venv of an offline deploy: `tfcluster wheelhouse`'s pack metadata and cache, the
-tensorflow role's venv_pack.py (libzstd through ctypes) on a small fake venv, and (slow:
+venv_pack.py the module venv_unpack runs (libzstd through ctypes) on a small fake venv, and (slow:
 ansible-playbook on local hosts) the role's choice between the pack and pip in check mode and,
 as root, the background unpack for real. The real pack on real hosts is
 tests/test_dockerhosts.py's deploy."""
@@ -21,7 +21,7 @@ from tfcluster.deploy import packcache
 from tfcluster.deploy import wheelhouse
 from tfcluster.deploy import wheelpack
 
-UNPACK = os.path.join(REPO, "roles", "tensorflow", "files", "venv_pack.py")
+UNPACK = os.path.join(REPO, "plugins", "module_utils", "venv_pack.py")
 PREFIX = "/build/.venv-pack-x/venv"
 
 

@@ -13,4 +13,4 @@ def main(argv):
         sys.pycache_prefix = folder and os.path.join(folder, "pycache")
     sys.dont_write_bytecode = not sys.pycache_prefix
     from tfcluster_agent.commands import main as run
-    run(argv)
+    sys.exit(run(argv))

@@ -30,12 +30,7 @@ from tfcluster_agent import supervisor as S  # noqa: E402
 from tfcluster_agent.reach import ReachRequests  # noqa: E402
 from tfcluster_agent.watching import CHUNK, Task, TaskWatching  # noqa: E402
 
-
-def is_task_name(name):
-    """JOB-INDEX, e.g. worker-0: lowercase job (letter first, then letters or digits), a number."""
-    job, dash, index = str(name).rpartition("-")
-    return bool(dash and job[:1].isalpha() and job.isalnum() and job.isascii() and
-                job == job.lower() and index.isdigit() and index.isascii())
+is_task_name = S.is_task_name
 
 HEARTBEAT_SECONDS = 1.0
 TICK = 0.05  # while a port is awaited or a folder is followed without supervisors of ours
@@ -334,6 +329,7 @@ class Agent(ReachRequests, TaskWatching):
                     self._gpu_claims.touch()
 
 
-if __name__ == "__main__":  # playbooks run `agent.py stop|hash`; launches run the package
-    from tfcluster_agent.commands import main
-    main()
+if __name__ == "__main__":  # `agent.py COMMAND` by hand: the package's command line
+    import runpy
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py"),
+                   run_name="__main__")

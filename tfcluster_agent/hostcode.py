@@ -82,3 +82,29 @@ def code_hash(code_root, files=None):
         with open(path, "rb") as handle:
             digest.update(rel.encode() + b"\0" + sha256(handle.read()).digest())
     return digest.hexdigest()
+
+
+HASH_FILE = "trainers.sha256"
+
+
+def write_hash(code_root, path=None, dry_run=False):
+    """The one writer of trainers.sha256 (PATH, default in CODE_ROOT), which preflight reads:
+    the trainers role's `write-hash` and tfcluster sync's `sync-apply` both call it. The code
+    hash of what CODE_ROOT holds now, written when the file says otherwise (complete before it
+    takes the name; 0644: every user's launch reads it). DRY_RUN: a dry run's answer, nothing
+    written. {"hash", "changed"}."""
+    digest = code_hash(code_root)
+    path = path or os.path.join(code_root, HASH_FILE)
+    try:
+        with open(path) as handle:
+            changed = handle.read() != digest + "\n"
+    except OSError:
+        changed = True
+    if changed and not dry_run:
+        folder, name = os.path.split(path)
+        temporary = os.path.join(folder, ".%s.%d" % (name, os.getpid()))
+        with open(temporary, "w") as handle:
+            handle.write(digest + "\n")
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    return {"hash": digest, "changed": changed}

@@ -111,12 +111,8 @@ def port_is_listening(port, host="127.0.0.1"):
         return False
 
 
-# Sets `found`: where an interpreter would import TensorFlow from, with its mtime, or "".
-LOCATE_TENSORFLOW = (
-    "import importlib.util, os\n"
-    "spec = importlib.util.find_spec('tensorflow')\n"
-    "found = repr((os.path.realpath(spec.origin), os.path.getmtime(spec.origin))) "
-    "if spec and spec.origin else ''\n")
+# Run by path with another interpreter: what it says about its TensorFlow.
+TF_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tfprobe.py")
 
 
 def site_packages():
@@ -144,7 +140,7 @@ def site_packages():
 
 
 def locate_tensorflow():
-    """LOCATE_TENSORFLOW's answer for this very interpreter, looked up in-process; "" when not
+    """`tfprobe.py locate`'s answer for this very interpreter, looked up in-process; "" when not
     found on the paths a plain start would have (a .pth could add others: the caller asks a
     fresh interpreter then)."""
     from importlib.machinery import PathFinder
@@ -168,8 +164,8 @@ def python_report(python, cache_dir=None, import_seconds=120):
     if not found:
         import subprocess
         try:
-            out = subprocess.run([python, "-c", LOCATE_TENSORFLOW + "print(found)"],
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run([python, TF_PROBE, "locate"], capture_output=True, text=True,
+                                 timeout=60)
         except FileNotFoundError:
             return {"python_ok": False, "error": "no interpreter at %s (tfcluster_python): run "
                     "ansible-playbook playbooks/deploy.yml or set tfcluster_python" % python}
@@ -189,15 +185,12 @@ def python_report(python, cache_dir=None, import_seconds=120):
         except (OSError, ValueError):
             pass  # a damaged cache entry is checked again
     import subprocess
-    probe = ("import gc, sys; gc.disable(); sys.modules['tf_keras'] = None; "
-             "import tensorflow as tf; print(tf.__version__); print(sys.version.split()[0])")
-    # As the trainers import it (bootstrap.import_tensorflow): without Keras 3 or tf-keras's
-    # optimizers, without the cycle collector's passes over the import's objects.
+    # As the trainers import it (bootstrap.import_tensorflow).
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
     from tfcluster_agent.cachedir import keep_keras_home
     keep_keras_home(cache_dir, env)
     try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True,
+        out = subprocess.run([python, TF_PROBE, "import"], capture_output=True, text=True,
                              timeout=import_seconds, env=env)
     except subprocess.TimeoutExpired:
         return {"python_ok": False, "error": "importing tensorflow with %s took over %g s"
@@ -334,3 +327,19 @@ def proxy_facts(environ):
     facts = {"proxies": sorted(n for n in environ if n.lower() in PROXY_VARIABLES)}
     facts.update((name, environ[name]) for name in NO_PROXY_VARIABLES if name in environ)
     return facts
+
+
+def deploy_report(code_root):
+    """deploy.yml's last check, with the interpreter the tasks run (`verify`): TensorFlow's
+    version (imported once per install, no time limit: a deploy waits however busy the host
+    is; the import is remembered where the agent's preflight finds it), the hash of the host
+    code below CODE_ROOT and the one trainers.sha256 records (None: no file)."""
+    from tfcluster_agent.hostcode import HASH_FILE
+    found = python_report(sys.executable, "~/.cache/tfcluster", import_seconds=None)
+    found["code_hash"] = code_hash(code_root)
+    try:
+        with open(os.path.join(code_root, HASH_FILE)) as handle:
+            found["recorded_hash"] = handle.read().strip()
+    except FileNotFoundError:
+        found["recorded_hash"] = None
+    return found

@@ -60,8 +60,9 @@ def search_path(python, own_site_folders):
     if os.path.abspath(python) != os.path.abspath(sys.executable):
         import subprocess
         try:
-            out = subprocess.run([python, "-c", "import sys; print('\\n'.join(sys.path))"],
-                                 capture_output=True, text=True, timeout=60)
+            probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tfprobe.py")
+            out = subprocess.run([python, probe, "path"], capture_output=True, text=True,
+                                 timeout=60)
         except (OSError, subprocess.SubprocessError):
             return []
         return [p for p in out.stdout.splitlines() if p and os.path.isdir(p)]

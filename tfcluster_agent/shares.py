@@ -4,10 +4,11 @@ inside them. Standard library only.
 A folder is named by a marker file in it, `.tfcluster-folder-id`, holding a random token: the
 first machine to look makes it (atomically: link(2), which NFS keeps atomic too), every machine
 reads it back, so machines that read the same token see the same folder whatever its path or
-file system. deploy.yml sends this file inline (`python3 -c SOURCE ensure PATH...`: writes code
-and data once per shared folder); the agent's preflight reports its workdir's token, and a
-machine whose workdir another machine of the run shares gets a run folder of its own inside the
-run's (`<workdir>/<run-id>/<host>/`).
+file system. deploy.yml's module folder_tokens imports this file (plugins/module_utils/shares.py
+links to it: the deploy writes code and data once per shared folder), `tfcluster sync` reads
+tfcluster_root's token in the agent's `sync-list`, the agent's `shares` runs main() below; the
+agent's preflight reports its workdir's token, and a machine whose workdir another machine of the
+run shares gets a run folder of its own inside the run's (`<workdir>/<run-id>/<host>/`).
 """
 import os
 import sys

@@ -123,6 +123,13 @@ def group_is_ours(record):
     return has_live_member(pgid)
 
 
+def is_task_name(name):
+    """JOB-INDEX, e.g. worker-0: lowercase job (letter first, then letters or digits), a number."""
+    job, dash, index = str(name).rpartition("-")
+    return bool(dash and job[:1].isalpha() and job.isalnum() and job.isascii() and
+                job == job.lower() and index.isdigit() and index.isascii())
+
+
 def task_names(run_dir):
     try:
         return sorted(n[:-len(".pid")] for n in os.listdir(run_dir) if n.endswith(".pid"))

@@ -132,7 +132,8 @@ def tiny_dataset(folder, mirror_url=None):
 
 def run_on_local_hosts(tmp_path, hosts, tasks, *args, env=None):
     """ansible-playbook of TASKS (YAML, indented as a play's) after the tfcluster role on local
-    HOSTS ({name: host vars as YAML}), offline from tmp_path's wheelhouse, the checkout's code."""
+    HOSTS ({name: host vars as YAML}), offline from tmp_path's wheelhouse, the checkout's code:
+    its roles, and the collection's modules they run (as the checkout's ansible.cfg finds them)."""
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(
         "all:\n  vars:\n    ansible_connection: local\n"
@@ -147,4 +148,5 @@ def run_on_local_hosts(tmp_path, hosts, tasks, *args, env=None):
          "-e", "tensorflow_wheelhouse_src=%s" % (tmp_path / "wheelhouse")],
         cwd=str(tmp_path), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
         env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-                 ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"), **(env or {})))
+                 ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"),
+                 ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, "collections"), **(env or {})))

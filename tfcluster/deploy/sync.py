@@ -1,39 +1,38 @@
 """`tfcluster sync`: the host code (tfcluster_agent/, trainers/) and, optionally, a user's own code
 folder onto every machine of an inventory, in parallel, only what changed.
 
-Per machine, over the launcher's SSH path (hosts.py: Fabric, host keys checked), two exchanges:
-the host lists its files with their sha256 and mode (one small script, one answer), then one tar
-stream carries the files that differ, with the list of files to delete. The host unpacks it,
-deletes what is stale and writes the code hash of what it now holds to trainers.sha256, the file
-deploy.yml's trainers role keeps, so the launcher's "same code on every host" preflight passes.
+Per machine, through its agent link (hosts.py: the launcher's SSH path, host keys checked), two
+of the agent's commands (tfcluster_agent/codesync.py): `sync-list` lists the host's files with
+their sha256 and mode, and the token of its tfcluster_root; `sync-apply` takes one tar of the
+files that differ, with the list of files to delete, and records the code hash of what the host
+now holds in trainers.sha256 through the writer the trainers role uses too, so the launcher's
+"same code on every host" preflight passes. A host without this controller's agent (none yet,
+or an older one) first gets the agent package, unpacked by tar(1).
 
-Where things land on a host: the packages in tfcluster_root (as the trainers role puts them), the
-user's folder (--code DIR, or the inventory variable tfcluster_code_dir) in
-<tfcluster_root>/code/. Local slots that run this very checkout need nothing (the user's folder
-is on this machine already).
+Machines whose tfcluster_root is one folder (an NFS home: the same token) get it written once,
+by the first of them. Where things land on a host: the packages in tfcluster_root (as the
+trainers role puts them), the user's folder (--code DIR, or the inventory variable
+tfcluster_code_dir) in <tfcluster_root>/code/. Local slots that run this very checkout need
+nothing (the user's folder is on this machine already).
 """
 import hashlib
 import io
 import json
 import os
-import shlex
 import stat
-import subprocess
 import tarfile
-import threading
 import time
 
-from tfcluster.launch import sharing
 from tfcluster.spec.catalog import code_root
 from tfcluster.errors import PreflightError, UsageError
-from tfcluster.hosts.links import describe_connection_error, no_python
-from tfcluster.hosts.ssh import ssh_connection
+from tfcluster.hosts.links import Hosts
+from tfcluster_agent.codesync import FORMAT
 from tfcluster_agent.hostcode import code_hash, definition, packages, skipped
 
 # The folder under tfcluster_root that receives the user's own code.
 USER_CODE_FOLDER = "code"
-# Seconds one exchange with a host may take (the tar stream of a large user folder included).
-EXCHANGE_SECONDS = 120
+# The package a host needs to answer sync's commands.
+AGENT_PACKAGE = "tfcluster_agent"
 
 
 def local_files(top, prefix=""):
@@ -57,167 +56,14 @@ def local_files(top, prefix=""):
     return files, folders
 
 
-# Runs on the host with its tfcluster_python (standard library only, Python 3.8+).
-# argv: list ROOT SKIP AREA... -> JSON {area: {"files": {rel: [sha256, mode]}, "folders": [rel]}}
-#                              (SKIP: hostcode.json's pattern of paths never listed, sent or deleted)
-#       apply ROOT           <- stdin: one JSON line {"delete": [...], "folders": [...]}, then a tar
-#                            -> JSON {"hash": code hash of ROOT, "written": n, "deleted": n}
-HOST_SCRIPT = r'''
-import hashlib, json, os, re, shutil, stat, sys, tarfile
-sys.dont_write_bytecode = True  # no __pycache__ in the host code, as the agent
-
-def inside(root, rel):
-    path = os.path.normpath(os.path.join(root, rel))
-    if os.path.isabs(rel) or not path.startswith(root.rstrip("/") + "/"):
-        raise SystemExit("refusing path outside %s: %s" % (root, rel))
-    return path
-
-def listing(root, area, skipped):
-    files, folders, top = {}, [], os.path.join(root, area)
-    for here, dirs, names in os.walk(top):
-        rel_here = os.path.relpath(here, root)
-        dirs[:] = [d for d in dirs if not skipped(rel_here + "/" + d)]
-        folders += [rel_here + "/" + d for d in dirs]
-        for name in names:
-            rel = rel_here + "/" + name
-            path = os.path.join(here, name)
-            if skipped(rel) or not os.path.isfile(path) or os.path.islink(path):
-                continue
-            with open(path, "rb") as handle:
-                files[rel] = [hashlib.sha256(handle.read()).hexdigest(),
-                              stat.S_IMODE(os.stat(path).st_mode)]
-    return {"files": files, "folders": folders}
-
-def apply(root):
-    import fcntl
-    lock = open(os.path.join(root, ".sync-lock"), "a")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one writer at a time (two syncs into one home)
-    except OSError:
-        pass  # a file system without locks
-    header = json.loads(sys.stdin.buffer.readline())
-    for rel in header["folders"]:
-        os.makedirs(inside(root, rel), exist_ok=True)
-    written = 0
-    with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
-        for member in tar:
-            if not member.isfile():
-                raise SystemExit("refusing tar member %s: not a file" % member.name)
-            path = inside(root, member.name)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = path + ".tfcluster-sync"
-            with open(tmp, "wb") as out:
-                shutil.copyfileobj(tar.extractfile(member), out)
-            os.chmod(tmp, member.mode & 0o777)
-            os.replace(tmp, path)
-            written += 1
-    deleted = 0
-    for rel in sorted(header["delete"], reverse=True):
-        path = inside(root, rel)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif os.path.lexists(path):
-            os.unlink(path)
-        deleted += 1
-    sys.path.insert(0, root)
-    from tfcluster_agent.hostcode import code_hash
-    digest = code_hash(root)
-    tmp = os.path.join(root, ".trainers.sha256.tfcluster-sync")
-    with open(tmp, "w") as out:
-        out.write(digest + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, os.path.join(root, "trainers.sha256"))
-    print(json.dumps({"hash": digest, "written": written, "deleted": deleted}))
-
-root = os.path.realpath(sys.argv[2])
-if not os.path.isdir(root):
-    raise SystemExit("no tfcluster_root %s: run the deploy first" % sys.argv[2])
-if sys.argv[1] == "list":
-    skipped = re.compile(sys.argv[3]).search
-    print(json.dumps({area: listing(root, area, skipped) for area in sys.argv[4:]}))
-else:
-    apply(root)
-'''
-
-
-class Target:
-    """One machine and tfcluster_root to bring up to date, and how to run a command there."""
-
-    def __init__(self, machine, user_code):
-        self.machine = machine
-        self.user_code = user_code  # controller folder, or None
-        self._connection = None
-
-    @property
-    def label(self):
-        return self.machine.label
-
-    def run(self, args, stdin=b"", script=HOST_SCRIPT):
-        """(exit code, stdout, stderr) of SCRIPT (the host script) with ARGS, fed STDIN."""
-        argv = [self.machine.python, "-c", script, *args]
-        if self.machine.is_local:
-            try:
-                proc = subprocess.run(argv, input=stdin, capture_output=True,
-                                      timeout=EXCHANGE_SECONDS)
-            except FileNotFoundError:
-                raise SyncError(no_python(self.machine)) from None
-            return proc.returncode, proc.stdout, proc.stderr
-        if self._connection is None:
-            try:
-                self._connection = ssh_connection(self.machine)
-                self._connection.open()
-            except Exception as err:  # paramiko, socket and OS errors all mean "unreachable"
-                raise SyncError(describe_connection_error(err, self.machine)) from None
-        channel = self._connection.client.get_transport().open_session(
-            timeout=self.machine.connect_timeout)
-        channel.settimeout(EXCHANGE_SECONDS)
-        try:
-            channel.exec_command(shlex.join(argv))
-            # The host may answer (an error) before reading everything: read while sending.
-            out, err = bytearray(), bytearray()
-            reader = threading.Thread(target=_drain, args=(channel, out, err), daemon=True)
-            reader.start()
-            try:
-                channel.sendall(stdin)
-            except OSError:
-                pass  # the host stopped reading: its exit status and stderr say why
-            channel.shutdown_write()
-            reader.join(EXCHANGE_SECONDS)
-            if not channel.status_event.wait(5):
-                raise SyncError("no answer within %ds" % EXCHANGE_SECONDS)
-            code = channel.recv_exit_status()
-        finally:
-            channel.close()
-        if code == 127:
-            raise SyncError(no_python(self.machine))
-        return code, bytes(out), bytes(err)
-
-    def close(self):
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-
-def _drain(channel, out, err):
-    while True:
-        data = channel.recv(65536)
-        if not data:
-            break
-        out += data
-    while True:
-        data = channel.recv_stderr(65536)
-        if not data:
-            break
-        err += data
-
-
 class SyncError(Exception):
     """One machine could not be brought up to date; the message says why."""
 
 
-def _script_error(code, stderr):
+def _command_error(code, stderr):
     lines = stderr.decode("utf-8", "replace").strip().splitlines()
-    return "the sync script failed (exit %d): %s" % (code, lines[-1] if lines else "no message")
+    return "the agent's sync command failed (exit %d): %s" % (code, lines[-1] if lines else
+                                                                "no message")
 
 
 def plan(local, remote):
@@ -247,16 +93,70 @@ def tar_of(files):
     return buffer.getvalue()
 
 
-def sync_target(target, sources, expected_hash):
-    """Bring TARGET up to date with SOURCES ({area: (local folder, (files, folders))});
-    returns (files sent, bytes sent, paths deleted)."""
-    code, out, err = target.run(["list", target.machine.root, definition()["skip"], *sources])
+class Target:
+    """One machine's tfcluster_root to bring up to date, and the user's folder it gets."""
+
+    def __init__(self, machine, user_code):
+        self.machine = machine
+        self.user_code = user_code  # controller folder, or None
+
+    @property
+    def label(self):
+        return self.machine.label
+
+
+def _listing(code, out):
+    """The answer of a `sync-list` that exited with CODE and printed OUT; None when it is not
+    this controller's agent's (none there, an older one, or a failure)."""
     if code != 0:
-        raise SyncError(_script_error(code, err))
-    remote = json.loads(out)
+        return None
+    try:
+        answer = json.loads(out)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) and answer.get("format") == FORMAT else None
+
+
+def install_agent(link):
+    """This controller's agent package into the machine's tfcluster_root, unpacked by tar(1)
+    under the lock sync-apply takes (machines sharing the root may do it at once): the agent
+    there is missing or older and cannot answer sync's commands. (files sent, bytes sent)."""
+    root = link.machine.root
+    if link.run(["test", "-d", root])[0] != 0:
+        raise SyncError("no tfcluster_root %s: run the deploy first" % root)
+    folder = os.path.join(code_root(), AGENT_PACKAGE)
+    files, _ = local_files(folder, AGENT_PACKAGE + "/")
+    payload = tar_of({rel: os.path.join(folder, rel[len(AGENT_PACKAGE) + 1:]) for rel in files})
+    code, _, err = link.run(["flock", os.path.join(root, ".sync-lock"),
+                             "tar", "-x", "-f", "-", "-C", root], payload)
+    if code != 0:
+        lines = err.decode("utf-8", "replace").strip().splitlines() or ["exit %s" % code]
+        raise SyncError("cannot unpack the agent into %s: %s" % (root, lines[-1]))
+    return sorted(files), len(payload)
+
+
+def list_target(link, areas):
+    """(the machine's files in AREAS and its tfcluster_root's token: `sync-list`, the agent's
+    files sent, their bytes), after installing this controller's agent where the machine has
+    none or an older one."""
+    args = ["sync-list", link.machine.root, definition()["skip"], *areas]
+    found, sent, size = _listing(*link.command(args)[:2]), [], 0
+    if found is None:
+        sent, size = install_agent(link)
+        code, out, err = link.command(args)
+        found = _listing(code, out)
+        if found is None:
+            raise SyncError(_command_error(code, err))
+    return found, sent, size
+
+
+def sync_target(link, sources, listed, expected_hash):
+    """Bring LINK's machine up to date with SOURCES ({area: (local folder, (files, folders))})
+    from what list_target found (LISTED); returns (files sent, bytes sent, paths deleted)."""
+    remote, installed, installed_size = listed
     send, delete, make, paths = [], [], [], {}
     for area, (folder, listing) in sources.items():
-        files, gone, folders = plan(listing, remote[area])
+        files, gone, folders = plan(listing, remote["areas"][area])
         send += files
         delete += gone
         make += folders
@@ -264,20 +164,38 @@ def sync_target(target, sources, expected_hash):
             paths[rel] = os.path.join(folder, rel[len(area) + 1:])
     payload = tar_of(paths)
     header = json.dumps({"delete": delete, "folders": make}).encode() + b"\n"
-    code, out, err = target.run(["apply", target.machine.root], header + payload)
+    code, out, err = link.command(["sync-apply", link.machine.root], header + payload)
     if code != 0:
-        raise SyncError(_script_error(code, err))
+        raise SyncError(_command_error(code, err))
     result = json.loads(out)
     if result["hash"] != expected_hash:
         raise SyncError("the host's code hash %s differs from this checkout's %s after the sync: "
                         "files were changed on the host while it ran?"
                         % (result["hash"][:12], expected_hash[:12]))
-    return len(send), len(payload), len(delete)
+    return len(set(send) | set(installed)), installed_size + len(payload), len(delete)
+
+
+def one_writer_per_root(targets, tokens):
+    """(the targets that write, a line for each other): of TARGETS whose tfcluster_root is one
+    folder (the same token in TOKENS, {machine key: the root's token}), only the first writes,
+    so a shared home gets the code once, from one writer. A target whose root has no token (an
+    older deploy's root) writes."""
+    first, writers, lines = {}, [], []
+    for target in targets:
+        token = tokens.get(target.machine.key)
+        if token in first:
+            lines.append("%-22s shares tfcluster_root %s with %s, which writes it" % (
+                target.label, target.machine.root, first[token].label))
+            continue
+        if token:
+            first[token] = target
+        writers.append(target)
+    return writers, lines
 
 
 def targets_of(slots, user_code):
-    """One target per machine and tfcluster_root; local slots running this checkout need none.
-    USER_CODE (a controller folder) wins over each slot's tfcluster_code_dir."""
+    """One target per machine; local slots running this checkout need none. USER_CODE (a
+    controller folder) wins over each slot's tfcluster_code_dir."""
     from tfcluster.launch.preflight import runs_this_checkout
     targets = {}
     for slot in slots:
@@ -291,11 +209,14 @@ def targets_of(slots, user_code):
                                     folder))
         if runs_this_checkout(machine):
             continue
-        key = (machine.key, machine.root)
-        if key in targets and targets[key].user_code != folder:
+        known = targets.get(machine.key)
+        if known is not None and known.machine.root != machine.root:
+            raise UsageError("slots of machine %s name different tfcluster_root values (%s, %s): "
+                             "a machine has one" % (machine.label, known.machine.root, machine.root))
+        if known is not None and known.user_code != folder:
             raise UsageError("slots %s of machine %s name different tfcluster_code_dir values: "
                              "a machine has one code folder" % (slot.name, machine.label))
-        targets.setdefault(key, Target(machine, folder))
+        targets.setdefault(machine.key, Target(machine, folder))
     return list(targets.values())
 
 
@@ -305,59 +226,52 @@ def sync(inventory, user_code=None, out=print):
     from tfcluster.hosts.inventory import require_slots
     slots = require_slots(inventory)
     targets = targets_of(slots, user_code)
+    by_key = {t.machine.key: t for t in targets}
     started = time.monotonic()
     root = code_root()
     host_code = {package: (os.path.join(root, package),
                            local_files(os.path.join(root, package), package + "/"))
                  for package in packages()}
     expected = code_hash(root)
-    outcomes = {}
-
     listings = {folder: local_files(folder, USER_CODE_FOLDER + "/")
                 for folder in {t.user_code for t in targets if t.user_code}}
-    # Machines sharing a tfcluster_root (an NFS home) get it written once, by the first of them.
-    targets, shared, unreached = sharing.one_writer_per_root(targets)
-    for line in shared:
-        out("sync: " + line)
-    outcomes.update({t: err if isinstance(err, SyncError) else
-                     SyncError(describe_connection_error(err, t.machine))
-                     for t, err in unreached.items()})
 
-    def run(target):
+    def sources_of(target):
         sources = dict(host_code)
         if target.user_code:
             sources[USER_CODE_FOLDER] = (target.user_code, listings[target.user_code])
-        try:
-            outcomes[target] = sync_target(target, sources, expected)
-        except SyncError as err:
-            outcomes[target] = err
-        except Exception as err:  # a broken channel mid-transfer: this host failed, not the rest
-            outcomes[target] = SyncError(describe_connection_error(err, target.machine))
-        finally:
-            target.close()
+        return sources
 
-    threads = [threading.Thread(target=run, args=(t,), daemon=True) for t in targets
-               if t not in outcomes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with Hosts([t.machine for t in targets]) as hosts:
+        found = hosts.each(lambda link: list_target(link, list(sources_of(by_key[
+            link.machine.key]))))
+        # Machines sharing a tfcluster_root (an NFS home) get it written once, by the first.
+        writers, shared = one_writer_per_root(
+            [t for t in targets if t.machine.key in found.succeeded],
+            {key: listed[0]["root_id"] for key, listed in found.succeeded.items()})
+        for line in shared:
+            out("sync: " + line)
+        written = hosts.each(lambda link: sync_target(
+            link, sources_of(by_key[link.machine.key]), found.succeeded[link.machine.key],
+            expected), [t.machine for t in writers]) if writers else None
+    reported = [t for t in targets if t in writers or t.machine.key in found.failed]
     failed = []
-    for target in targets:
-        outcome = outcomes.get(target, SyncError("no answer"))
-        if isinstance(outcome, Exception):
-            failed.append("%s: %s" % (target.label, outcome))
+    for target in reported:
+        key = target.machine.key
+        error = found.failed.get(key) or written.failed.get(key)
+        if error is not None:
+            failed.append("%s: %s" % (target.label, error.reason))
             continue
-        sent, size, deleted = outcome
+        sent, size, deleted = written.succeeded[key]
         out("sync: %-22s %d file(s) sent (%s), %d deleted%s" % (
             target.label, sent, _size(size), deleted,
             ", code in " + target.machine.root + "/" + USER_CODE_FOLDER if target.user_code else ""))
     if failed:
         raise PreflightError("sync failed on %d of %d host(s): %s" % (
-            len(failed), len(targets), "; ".join(failed)))
+            len(failed), len(reported), "; ".join(failed)))
     out("sync: %d host(s) up to date in %.1fs, code %s" % (
-        len(targets), time.monotonic() - started, expected[:12]))
-    return targets
+        len(reported), time.monotonic() - started, expected[:12]))
+    return reported
 
 
 def _size(count):

@@ -72,8 +72,8 @@ class Content:
         code = os.path.dirname(os.path.dirname(os.path.abspath(tfcluster.__file__)))
         self.defaults = os.path.join(self.root, "roles", "tfcluster", "defaults", "main.yml")
         self.constraints = os.path.join(self.root, "roles", "tensorflow", "files", "constraints.txt")
-        # The role's libzstd binding, which also unpacks on the hosts.
-        self.venv_pack = os.path.join(self.root, "roles", "tensorflow", "files", "venv_pack.py")
+        # The collection's libzstd binding, which also unpacks on the hosts (module venv_unpack).
+        self.venv_pack = os.path.join(self.root, "plugins", "module_utils", "venv_pack.py")
         self.requirements = os.path.join(code, "trainers", "requirements.txt")
         # Installed with pip --no-deps (tf-keras: its `tensorflow` requirement would add a second
         # TensorFlow).

@@ -82,11 +82,11 @@ def pack_inputs(args, base_python):
 def python_version(python):
     """X.Y.Z of an interpreter (as Ansible's python_version fact), or None when it does not run."""
     try:
-        out = subprocess.run([python, "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run([python, "--version"], capture_output=True, text=True, timeout=60)
     except OSError:
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    found = re.match(r"Python (\d+\.\d+\.\d+)", out.stdout) if out.returncode == 0 else None
+    return found.group(1) if found else None
 
 
 def call(cmd, failure):

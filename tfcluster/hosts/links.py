@@ -1,4 +1,6 @@
-"""One agent per machine, alive for the whole run: a local child process or one SSH channel.
+"""One agent per machine, alive for the whole run: a local child process or one SSH channel. The
+same link runs the agent's one-shot commands (`tfcluster sync`'s sync-list and sync-apply) on its
+connection: the one channel to the hosts.
 
 Every link has its own reader thread, which turns the agent's JSON lines into messages: replies to
 a request go to the link's reply queue, events (started, output, exited...) to one queue shared by
@@ -66,6 +68,21 @@ class AgentLink:
         self.hello = reply
         return self
 
+    def _transport(self):
+        """The SSH transport to the machine, connected on first use; HostError when it cannot
+        be."""
+        try:
+            if self._connection is None:
+                connection = ssh_connection(self.machine)
+                connection.open()
+                connection.client.get_transport().set_keepalive(5)
+                self._connection = connection
+            return self._connection.client.get_transport()
+        except FileNotFoundError as err:
+            raise HostError(self.machine, missing_ssh_file(err)) from None
+        except Exception as err:  # paramiko, socket and OS errors all mean "unreachable"
+            raise HostError(self.machine, describe_connection_error(err, self.machine)) from None
+
     def spawn(self):
         """Start the agent (for a remote machine: connect and start it) without waiting for its
         hello; HostError when it cannot be started."""
@@ -77,10 +94,7 @@ class AgentLink:
                                               stderr=subprocess.PIPE, start_new_session=True)
                 stdout, stderr = self._proc.stdout, self._proc.stderr
             else:
-                self._connection = ssh_connection(self.machine)
-                self._connection.open()
-                transport = self._connection.client.get_transport()
-                transport.set_keepalive(5)
+                transport = self._transport()
                 self._channel = transport.open_session(timeout=self.machine.connect_timeout)
                 self._channel.exec_command(shlex.join(argv))
                 # Lines read straight off the channel: paramiko's files (makefile) print
@@ -90,6 +104,8 @@ class AgentLink:
         except FileNotFoundError as err:
             raise HostError(self.machine, no_python(self.machine) if self.machine.is_local
                             else missing_ssh_file(err)) from None
+        except HostError:
+            raise
         except Exception as err:  # paramiko, socket and OS errors all mean "unreachable"
             raise HostError(self.machine, describe_connection_error(err, self.machine)) from None
         self._readers = [threading.Thread(target=self._read, args=(stdout,), daemon=True),
@@ -158,6 +174,61 @@ class AgentLink:
                     % os.path.dirname(self.agent_path))
         last = err.strip().splitlines()[-1] if err.strip() else "connection closed"
         return "the agent ended (%s)" % last
+
+    # ------------------------------------------------------------ one-shot commands
+    COMMAND_SECONDS = 120  # one command's answer (a tar of a large user folder included)
+
+    def command(self, args, stdin=b"", timeout=COMMAND_SECONDS):
+        """(exit code, stdout, stderr) of the agent's command ARGS (`sync-list ...`, its
+        package's command line) on the machine, fed STDIN: a process of its own beside any
+        agent the link runs. HostError when the machine or its Python cannot be reached."""
+        code, out, err = self.run(agent_argv(self.machine.python, os.path.dirname(self.agent_path),
+                                             *args), stdin, timeout)
+        if code == 127 or (code is None and self.machine.is_local):
+            raise HostError(self.machine, no_python(self.machine))
+        return code, out, err
+
+    def run(self, argv, stdin=b"", timeout=COMMAND_SECONDS):
+        """(exit code, stdout, stderr) of ARGV on the machine, fed STDIN: a local process, or a
+        session on the link's SSH connection (made on first use, closed with the link); the
+        exit code is None where the program is not there (a local machine). HostError when the
+        machine cannot be reached or gives no answer within TIMEOUT seconds."""
+        if self.machine.is_local:
+            try:
+                proc = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout)
+            except FileNotFoundError:
+                return None, b"", b""
+            except subprocess.TimeoutExpired:
+                raise HostError(self.machine, "no answer within %gs" % timeout) from None
+            return proc.returncode, proc.stdout, proc.stderr
+        try:
+            channel = self._transport().open_session(timeout=self.machine.connect_timeout)
+        except HostError:
+            raise
+        except Exception as err:  # paramiko, socket and OS errors all mean "unreachable"
+            raise HostError(self.machine, describe_connection_error(err, self.machine)) from None
+        channel.settimeout(timeout)
+        try:
+            channel.exec_command(shlex.join(argv))
+            # The host may answer (an error) before reading everything: read while sending.
+            out, err = bytearray(), bytearray()
+            reader = threading.Thread(target=_drain, args=(channel, out, err), daemon=True)
+            reader.start()
+            try:
+                channel.sendall(stdin)
+            except OSError:
+                pass  # the host stopped reading: its exit status and stderr say why
+            channel.shutdown_write()
+            reader.join(timeout)
+            if not channel.status_event.wait(5):
+                raise HostError(self.machine, "no answer within %gs" % timeout)
+            return channel.recv_exit_status(), bytes(out), bytes(err)
+        except HostError:
+            raise
+        except Exception as err:  # a channel broken mid-transfer: this machine failed
+            raise HostError(self.machine, describe_connection_error(err, self.machine)) from None
+        finally:
+            channel.close()
 
     # ------------------------------------------------------------ talking
     def send(self, msg):
@@ -243,12 +314,27 @@ AGENT_BOOT = ("import os,sys;sys.path[0]=os.path.dirname(sys.argv[1]);import tfc
               "tfcluster_agent.main(sys.argv[2:])")
 
 
-def agent_argv(python, package_dir):
-    """How a launch starts the agent: -B, no compiled code next to the deployed code; -S, no
-    `site`, whose .pth files cost a start 10-30 ms (the agent is standard library only; its
-    preflight finds the site folders itself, hostinfo.py); -c, not the package's __main__, whose
-    runpy costs another 4 ms. `ps` shows it as PACKAGE_DIR serve."""
-    return [python, "-B", "-S", "-c", AGENT_BOOT, package_dir, "serve"]
+def agent_argv(python, package_dir, *command):
+    """How a launch starts the agent (COMMAND: serve), and how the controller runs the agent's
+    other commands: -B, no compiled code next to the deployed code; -S, no `site`, whose .pth
+    files cost a start 10-30 ms (the agent is standard library only; its preflight finds the
+    site folders itself, hostinfo.py); -c with the one boot line, not the package's __main__,
+    whose runpy costs another 4 ms. `ps` shows it as PACKAGE_DIR COMMAND."""
+    return [python, "-B", "-S", "-c", AGENT_BOOT, package_dir, *(command or ("serve",))]
+
+
+def _drain(channel, out, err):
+    """A channel's stdout into OUT, then its stderr into ERR, until each ends."""
+    while True:
+        data = channel.recv(65536)
+        if not data:
+            break
+        out += data
+    while True:
+        data = channel.recv_stderr(65536)
+        if not data:
+            break
+        err += data
 
 
 def channel_lines(recv):

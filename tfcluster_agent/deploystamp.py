@@ -1,13 +1,15 @@
 """tfcluster's deploy stamp (playbooks/deploy.yml): is a machine still as the last complete
-deploy left it? Standard library only: the deploy sends this file inline (python3 -c) to a host.
+deploy left it? Standard library only: the agent's command `stamp`, which deploy.yml runs on a
+host with the Python Ansible uses there (`python3 -B ROOT/tfcluster_agent stamp ...`), and on
+the controller for the inputs.
 
-  deploy_stamp.py inputs --content DIR... [--roles DIR] [--code DIR] [--wheels DIR] [--file FILE...]
+  stamp inputs --content DIR... [--roles DIR] [--code DIR] [--wheels DIR] [--file FILE...]
       (controller) prints {"hash": what this deploy is made from, "roles": [role names]}
-  deploy_stamp.py check STAMP INPUTS [--forget-stale]
+  stamp check STAMP INPUTS [--forget-stale]
       (host) prints {"ready": bool, "why": str}; --forget-stale removes a stamp that does not match
-  deploy_stamp.py write STAMP INPUTS SPEC
+  stamp write STAMP INPUTS SPEC
       (host) records the state SPEC describes (a JSON list of probes) and INPUTS in STAMP
-  deploy_stamp.py forget STAMP
+  stamp forget STAMP
       (host) removes STAMP
 
 The state is metadata, never content: mode, owner, size, mtime and ctime of files, which paths
@@ -126,7 +128,7 @@ def probe(spec, leave_out):
         elif kind == "env":
             state["env " + args[0]] = os.environ.get(args[0], "").split()[:1]
         else:
-            raise SystemExit("deploy_stamp: unknown probe %r" % kind)
+            raise SystemExit("deploy stamp: unknown probe %r" % kind)
     return state
 
 
@@ -192,7 +194,7 @@ def tree_digest(digest, top):
 def inputs(argv):
     """Hash of the controller files a deploy is made from."""
     import argparse
-    parser = argparse.ArgumentParser(prog="deploy_stamp.py inputs")
+    parser = argparse.ArgumentParser(prog="tfcluster_agent stamp inputs")
     parser.add_argument("--content", action="append", default=[], help="folder hashed by content")
     parser.add_argument("--roles", help="roles folder: its role names are printed too")
     parser.add_argument("--code", help="folder holding the host packages (agent's code hash)")
@@ -204,7 +206,6 @@ def inputs(argv):
         digest.update(b"content " + top.encode() + b"\0")
         tree_digest(digest, top)
     if args.code:
-        sys.path.insert(0, args.code)
         from tfcluster_agent import hostcode
         digest.update(b"code " + hostcode.code_hash(args.code).encode())
     if args.wheels:
@@ -235,6 +236,3 @@ def main(argv):
     print(json.dumps(result))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

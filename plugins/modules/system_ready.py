@@ -1,16 +1,36 @@
+#!/usr/bin/python
 """What an ordinary user's deploy needs from the administrator's half (docs/labs.md), checked
-on a host without root. Standard library only: deploy.yml sends this file inline (python3 -c).
+on a host without root: deploy.yml runs this module before it changes anything."""
 
-    system_ready.py JSON   (JSON: {"packages": [...], "python": PATH, "python_range": [MIN, MAX],
-                           "gpu": bool, "nvidia_smi": PROGRAM, "min_driver": VERSION,
-                           "root": tfcluster_root})
-prints {"missing": [what the administrator's step must still do], "user": [what the user must
-fix], "home": the user's home}.
+DOCUMENTATION = r"""
+module: system_ready
+short_description: Check what the administrator's half of a tfcluster deploy left on a host
+description:
+  - Reads, without root and without changing anything, whether the Debian packages, the Python
+    the venv is made with, on GPU machines an NVIDIA driver new enough for TensorFlow, and a
+    tfcluster_root this user can make are there.
+  - Reports what is missing; the playbook decides whether to stop.
+options:
+  packages: {description: Debian packages that must be installed., type: list, elements: str, required: true}
+  python: {description: Interpreter the venv is made with., type: str, required: true}
+  python_range: {description: Lowest and highest Python version TensorFlow supports., type: list, elements: str, required: true}
+  gpu: {description: Whether the machine gets the GPU stack., type: bool, default: false}
+  nvidia_smi: {description: The driver's query tool., type: str, default: nvidia-smi}
+  min_driver: {description: Lowest NVIDIA driver version TensorFlow needs., type: str, default: "0"}
+  root: {description: The tfcluster_root this user must be able to make., type: str, required: true}
+author: [tfcluster developers]
 """
-import json
+
+RETURN = r"""
+missing: {description: What the administrator's half must still do., type: list, elements: str, returned: always}
+user: {description: What the user must fix (a tfcluster_root they cannot make)., type: list, elements: str, returned: always}
+home: {description: The user's home., type: str, returned: always}
+"""
+
 import os
 import subprocess
-import sys
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def version(text):
@@ -44,15 +64,15 @@ def missing_packages(packages):
 
 
 def python_problem(python, lowest, highest):
-    code, out = run([python, "-c", "import sys, venv, ensurepip; "
-                                   "print('%d.%d' % sys.version_info[:2])"])
+    code, out = run([python, "--version"])  # "Python 3.11.2"
     if code is None:
         return "no Python at %s (%s)" % (python, out)
-    if code != 0:
+    if code != 0 or run([python, "-m", "ensurepip", "--version"])[0] != 0:
         return "%s cannot make a venv (no venv/ensurepip: Debian's python3-venv)" % python
-    found = version(out)
+    major_minor = ".".join(out.split()[-1].split(".")[:2]) if out.split() else out
+    found = version(major_minor)
     if found is None or not version(lowest) <= found <= version(highest):
-        return "Python %s at %s; TensorFlow needs %s to %s" % (out.strip(), python, lowest,
+        return "Python %s at %s; TensorFlow needs %s to %s" % (major_minor, python, lowest,
                                                                highest)
     return None
 
@@ -94,5 +114,18 @@ def check(wanted):
             "home": os.path.expanduser("~")}
 
 
+def main():
+    module = AnsibleModule(argument_spec={
+        "packages": {"type": "list", "elements": "str", "required": True},
+        "python": {"type": "str", "required": True},
+        "python_range": {"type": "list", "elements": "str", "required": True},
+        "gpu": {"type": "bool", "default": False},
+        "nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+        "min_driver": {"type": "str", "default": "0"},
+        "root": {"type": "str", "required": True},
+    }, supports_check_mode=True)
+    module.exit_json(changed=False, **check(module.params))
+
+
 if __name__ == "__main__":
-    print(json.dumps(check(json.loads(sys.argv[1]))))
+    main()

@@ -1,5 +1,5 @@
-"""Install scripts/wheelhouse's packed venv on a host (the tensorflow role runs this with the host's
-base interpreter):
+"""Install scripts/wheelhouse's packed venv on a host (the tensorflow role runs it as the module
+venv_unpack; by hand, with any Python 3):
 
     python3 venv_pack.py ARCHIVE VENV BUILD_PREFIX RECORD
 
@@ -32,6 +32,10 @@ class Buffer(ctypes.Structure):
 
 class ZstdError(Exception):
     pass
+
+
+class UnpackError(Exception):
+    """The pack could not be installed; the message says why."""
 
 
 @functools.lru_cache(maxsize=None)  # loaded and typed once; a failure is not remembered
@@ -132,8 +136,8 @@ def unpack(archive, folder):
     except BrokenPipeError:
         pass
     if tar.wait() != 0 or damage:
-        sys.exit("tar could not unpack %s into %s: %s" % (archive, folder,
-                                                           damage or "see tar's message above"))
+        raise UnpackError("tar could not unpack %s into %s: %s" % (
+            archive, folder, damage or "see tar's message above"))
 
 
 def relocate(folder, old, new):
@@ -160,7 +164,7 @@ def main(archive, venv, prefix, record):
     try:
         libzstd()
     except ZstdError as error:
-        sys.exit("cannot unpack %s: %s" % (archive, error))
+        raise UnpackError("cannot unpack %s: %s" % (archive, error)) from None
     os.mkdir(fresh, 0o755)
     try:
         unpack(archive, fresh)
@@ -180,4 +184,7 @@ def main(archive, venv, prefix, record):
 if __name__ == "__main__":
     if len(sys.argv) != 5:
         sys.exit(__doc__.split("\n\n")[1].strip())
-    main(*sys.argv[1:])
+    try:
+        main(*sys.argv[1:])
+    except UnpackError as error:
+        sys.exit(str(error))

@@ -1,0 +1,1 @@
+../../tfcluster_agent/shares.py
