@@ -13,6 +13,7 @@ import shutil
 import sys
 
 from tfcluster.errors import UsageError
+from tfcluster_agent.clusterspec import host_problem, normal_host
 
 INVENTORY = "hosts.yml"
 HOST = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<address>\[[0-9A-Fa-f:.]+\]|[^@\s:\[\]]+)"
@@ -81,12 +82,21 @@ def add_arguments(parser):
 
 def parse_host(text):
     """(user or None, address, port or None) of [USER@]ADDRESS[:PORT]."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes the locale could not decode (LC_ALL=C)
+        raise UsageError("host %r is not text in this locale: use a UTF-8 locale, or the "
+                         "host's ASCII name" % text) from None
     match = HOST.match(text.strip())
     if not match or (match.group("port") and not 1 <= int(match.group("port")) <= 65535):
         raise UsageError("host %r is not [USER@]ADDRESS[:PORT], e.g. ubuntu@gpu01.example.com "
                          "or 10.0.0.12:2222" % text)
     port = match.group("port")
-    return match.group("user"), match.group("address").strip("[]"), int(port) if port else None
+    address = match.group("address").strip("[]")
+    if normal_host(address) is None:  # what the launcher's inventory reader would refuse
+        raise UsageError(host_problem("host", text, "e.g. ubuntu@gpu01.example.com or "
+                                                    "10.0.0.12:2222"))
+    return match.group("user"), address, int(port) if port else None
 
 
 def file_path(path, folder):
@@ -239,10 +249,18 @@ def new_folder(folder):
         yield
     except OSError as err:
         raise UsageError("cannot write into %s (%s): name a folder you can write to"
-                         % (folder, err.strerror or err)) from None
+                         % (folder, reason(err))) from None
     finally:
         if made and sys.exc_info()[0] is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def reason(err):
+    """ERR's cause in words; shutil.copytree's Error lists one (source, target, why) a file."""
+    if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list):
+        why = str(err.args[0][-1][2])
+        return why.split("] ", 1)[-1].split(":")[0]
+    return err.strerror or err
 
 
 def write_aside(target, text):
