@@ -11,6 +11,7 @@ import json
 import os
 import re
 import select
+import shutil
 import subprocess
 import time
 
@@ -108,7 +109,9 @@ def ruleset(prefix=()):
 
 @pytest.fixture(scope="module")
 def cluster(testhosts, tmp_path_factory, request):
-    """The test hosts with a listener on th1, a fourth machine, and an Ansible runner."""
+    """The test hosts with a listener on th1, a fourth machine, and an Ansible runner. The tests
+    assert on the shared /etc: a ruleset file an earlier deploy left there is set aside for them
+    and put back afterwards."""
     work = tmp_path_factory.mktemp("firewall")
     machine_rules = ruleset()
     # The session inventory plus th3's explicit tfcluster_port: an inventory folder of two files.
@@ -135,6 +138,9 @@ def cluster(testhosts, tmp_path_factory, request):
     listener = subprocess.Popen(testhosts.netns_argv("th1") + ["python3", "-c", LISTENER]
                                 + [str(p) for p in FENCED + OPEN],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    left = work / "left-by-an-earlier-deploy.nft"
+    if os.path.exists(RULES_FILE):
+        shutil.move(RULES_FILE, left)
     try:
         ready, _, _ = select.select([listener.stdout], [], [], 20)
         assert ready and listener.stdout.readline().strip() == "listening", listener.stderr.read()
@@ -148,6 +154,8 @@ def cluster(testhosts, tmp_path_factory, request):
                 nft(testhosts.netns_argv(name), "delete", "table", "inet", "tfcluster")
             if os.path.exists(RULES_FILE):
                 os.unlink(RULES_FILE)
+        if left.exists():
+            shutil.move(left, RULES_FILE)
         ansible.close()
         capture = request.config.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled():
