@@ -10,7 +10,7 @@ import os
 import sys
 
 from tfcluster_agent import jsonc as json
-from tfcluster_agent.hostcode import sha256
+from tfcluster_agent.hostcode import file_sha256, sha256
 from tfcluster_agent.supervisor import boot_id, write_atomic
 
 # {version key: the distribution that carries it} (tensorflow[and-cuda] wheels), named alone
@@ -164,14 +164,6 @@ def package_facts(python, own_site_folders):
     packages = distributions(folders)
     return {"packages": packages, "packages_hash": packages_hash(packages),
             "versions": library_versions(packages, folders)}
-
-
-def file_sha256(path):
-    digest = sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def data_hashes(paths, cache_dir=None, settle_ns=2 * 10**9):

@@ -58,11 +58,15 @@ def count(text):
     return value
 
 
-def seconds(text):
+def _seconds(text):
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError("expected seconds, not %r" % text) from None
+
+
+def seconds(text):
+    value = _seconds(text)
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError("expected a finite number of seconds, not %r" % text)
     if value <= 0:
@@ -143,10 +147,7 @@ def named_command(argv, commands):
 def stall_seconds(text):
     """--stall-after: seconds, 0 to turn the watch off; no less than the watch can see."""
     from tfcluster_agent.stall import MIN_STALL_AFTER
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected seconds, not %r" % text) from None
+    value = _seconds(text)
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError("must be 0 (off) or more seconds, not %r" % text)
     if 0 < value < MIN_STALL_AFTER:
