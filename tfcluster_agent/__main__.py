@@ -1,6 +1,6 @@
 """`python -B ROOT/tfcluster_agent COMMAND`: the agent's command line (commands.py), by hand and
 from the playbooks. (The controller runs it the same way without runpy, whose imports cost every
-start 4 ms: tfcluster/hosts/links.py.)"""
+start: tfcluster/hosts/links.py.)"""
 import os
 import sys
 

@@ -24,7 +24,7 @@ def cmd_serve(argv):
     from tfcluster_agent.agent import Agent
     Agent().serve()
     # Its work is done and written (files closed, answers flushed; the supervisors are processes
-    # of their own): an interpreter's shutdown would only add 5 ms to every host's teardown.
+    # of their own): an interpreter's shutdown would only add time to every host's teardown.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

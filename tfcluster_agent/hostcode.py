@@ -33,8 +33,8 @@ _SHA256 = []
 
 
 def sha256(data=b""):
-    """hashlib.sha256 without importing hashlib, which loads OpenSSL: 5 ms of every agent's
-    start, where one SSH session that starts Python costs about 60 ms."""
+    """hashlib.sha256 without importing hashlib, which loads OpenSSL at every agent's
+    start."""
     if not _SHA256:  # looked up once: a failed import is tried again at every call
         try:
             from _sha256 import sha256 as new  # Python 3.11

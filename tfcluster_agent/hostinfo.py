@@ -15,7 +15,7 @@ from tfcluster_agent.supervisor import boot_id, write_atomic
 
 def port_is_free(port):
     """True when nothing listens on PORT on any address (TF servers bind the wildcard address)."""
-    # The C module: the socket module's enums cost each agent's start 7 ms.
+    # The C module: the socket module's enums cost each agent's start.
     import _socket
     sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
@@ -118,7 +118,7 @@ TF_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tfprobe.py"
 def site_packages():
     """The folders `site` would add to sys.path for this interpreter, found without running it:
     the agent starts with -S, since a host's .pth files (an editable install's finder, a
-    distribution's hooks) cost every start 10-30 ms and the agent, standard library only, needs
+    distribution's hooks) cost every start and the agent, standard library only, needs
     none of them."""
     import site
     bin_dir = os.path.dirname(sys.executable)
@@ -213,7 +213,7 @@ def cached_code_hash(code_root, cache_dir, settle_ns=2 * 10**9):
     """code_hash(CODE_ROOT), remembered in CACHE_DIR against each file's inode, size and change
     times, so a preflight reads the files only after one changed. While no folder of the code
     changed (same inode and change times), the files are those listed last time: no walk, and
-    no regular expression for the skip pattern (re and enum: 8 ms of an agent's start). A file
+    no regular expression for the skip pattern (re and enum: a cost of an agent's start). A file
     or folder changed in the last SETTLE_NS keeps it from being remembered: a change within
     the clock's tick could leave the times as they were."""
     # Per machine (a home may be shared): inodes are the machine's own.

@@ -1,7 +1,6 @@
 """JSON for host code through the C accelerator that the json package itself drives (_json):
-`import json` also imports re and enum, 13 ms of every agent's start (an SSH session that starts
-Python costs about 60 ms). The same values and text as json.loads and json.dumps; json itself
-where _json is missing, and for the error of a malformed document (a ValueError either way)."""
+`import json` also imports re and enum, a cost of every agent's start. The same values and text
+as json.loads and json.dumps; json itself where _json is missing, and for the error of a malformed document (a ValueError either way)."""
 try:
     import _json
 except ImportError:  # an interpreter without the accelerator: the package's pure Python

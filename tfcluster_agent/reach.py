@@ -55,11 +55,11 @@ class Listeners:
 def _connect(host, port):
     """A socket connecting to HOST:PORT without blocking, or the reason there is none."""
     try:
-        _socket.inet_aton(host)  # an address already: the resolver's first call costs 2 ms
+        _socket.inet_aton(host)  # an address already: the resolver's first call costs more
         address = (host, int(port))
     except OSError:
         # A str name goes through the idna codec, whose first use imports re, stringprep and
-        # unicodedata (8 ms of a launch's wait); an ASCII name needs none.
+        # unicodedata (a launch's wait); an ASCII name needs none.
         name = host.encode() if host.isascii() else host
         try:
             address = _socket.getaddrinfo(name, int(port), _socket.AF_INET,

@@ -12,7 +12,7 @@ and writes RUN_DIR/stacks/NAME.txt per task: what each process of the task is do
 """
 import os
 import time
-from _collections import deque  # collections.deque itself: the package imports 3 ms of modules
+from _collections import deque  # collections.deque itself: the package imports more modules
 
 from tfcluster_agent import protocol as P
 from tfcluster_agent import supervisor as S

@@ -222,7 +222,7 @@ def fork(run_dir, name, lease, spec, keep_fd=None, keep_fds=()):
     stderr, its stdout the pipe to the agent, KEEP_FD (the port's claim) and KEEP_FDS (its
     GPUs' claims) as descriptors 3 and up, every other descriptor closed, default signals.
     It never returns into the agent's code."""
-    import _signal  # not signal: its enums import enum, functools and collections (5 ms)
+    import _signal  # not signal: its enums import enum, functools and collections
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -254,7 +254,7 @@ def spawn_shell(command, cwd, env, out_fd):
     """`/bin/sh -c COMMAND` in CWD with ENV, in a session of its own, stdin /dev/null, stdout and
     stderr OUT_FD, no other descriptor and default signals, as subprocess.Popen would start it
     (its OSError too: a missing CWD); a Forked. By hand: subprocess costs every supervisor
-    10 ms of imports."""
+    their imports."""
     import _signal
     report_read, report_write = os.pipe()  # closed by the exec: it reads empty when exec worked
     pid = os.fork()

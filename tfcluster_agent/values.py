@@ -3,7 +3,7 @@ standard library only, for the agent's messages and the controller's records ali
 
 Hand-made rather than dataclasses: importing `dataclasses` (it imports inspect, ast, dis...) and
 generating each class's methods with exec() cost every agent's start and every command of the
-controller more CPU than all else they import (a launch: 30 ms of its 100). The subset here is
+controller more CPU than all else they import (a third of a launch's). The subset here is
 what tfcluster uses: value_class(frozen=...), field(default, default_factory, repr, compare,
 metadata), fields(), replace() and as_dict().
 """

@@ -18,7 +18,7 @@ except KeyboardInterrupt:  # Ctrl-C while the program loads (the console script 
 
 def run():
     """The program (console script, `python -m tfcluster`): main(), then the process ends
-    without the interpreter's shutdown, 7 ms of every command's. Each command closes what it
+    without the interpreter's shutdown, a cost of every command's. Each command closes what it
     opened; the standard streams are flushed here."""
     try:
         code = main()

@@ -10,7 +10,7 @@ from tfcluster.errors import UsageError
 
 def terminal_columns():
     """shutil.get_terminal_size().columns without shutil (its import, bz2, lzma and fnmatch,
-    cost every command 2 ms): $COLUMNS, else the terminal's, else 80."""
+    cost every command): $COLUMNS, else the terminal's, else 80."""
     try:
         columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
@@ -91,7 +91,7 @@ def run_id(text):
 
 class Commands:
     """The subcommands' registry: every command is listed, but only ONLY's arguments are built
-    (None: every command's). Building all of them cost each command's start 25 ms."""
+    (None: every command's). Building all of them cost each command's start."""
 
     def __init__(self, subparsers, only=None):
         self.subparsers, self.only = subparsers, only
@@ -103,7 +103,7 @@ class Commands:
         if self.builds(name):
             return self.subparsers.add_parser(name, **kwargs)
         # Listed (its name is a choice, its help a line of --help) without an ArgumentParser:
-        # each one's start (its -h, groups and translations) cost every command 3 ms in all.
+        # each one's start (its -h, groups and translations) cost every command.
         unbuilt = Unbuilt()
         self.subparsers.choices[name] = unbuilt
         if "help" in kwargs:

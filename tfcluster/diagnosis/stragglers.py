@@ -72,7 +72,7 @@ class StragglerWatch:
         now = now or time.time()
         marked = []
         rates, measure = self.rates(now)
-        if rates:  # statistics (decimal, fractions, random: 4 ms) only where a median is taken
+        if rates:  # statistics (decimal, fractions, random) only where a median is taken
             import statistics
         for label, rate in rates.items():
             peers = [r for other, r in rates.items() if other != label]

@@ -317,9 +317,9 @@ AGENT_BOOT = ("import os,sys;sys.path[0]=os.path.dirname(sys.argv[1]);import tfc
 def agent_argv(python, package_dir, *command):
     """How a launch starts the agent (COMMAND: serve), and how the controller runs the agent's
     other commands: -B, no compiled code next to the deployed code; -S, no `site`, whose .pth
-    files cost a start 10-30 ms (the agent is standard library only; its preflight finds the
+    files cost every start (the agent is standard library only; its preflight finds the
     site folders itself, hostinfo.py); -c with the one boot line, not the package's __main__,
-    whose runpy costs another 4 ms. `ps` shows it as PACKAGE_DIR COMMAND."""
+    whose runpy costs more imports. `ps` shows it as PACKAGE_DIR COMMAND."""
     return [python, "-B", "-S", "-c", AGENT_BOOT, package_dir, *(command or ("serve",))]
 
 

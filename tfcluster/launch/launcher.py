@@ -142,7 +142,7 @@ class Launch:
             # at least one sees the other.
             check_checkpoint_folder(options.runs_dir, options.resume, self.run_id)
         except (OSError, PreflightError) as err:
-            import shutil  # here: bz2, lzma and fnmatch, 2 ms of every launch's start
+            import shutil  # here: bz2, lzma and fnmatch, a cost of every launch's start
             shutil.rmtree(self.record.dir, ignore_errors=True)
             if isinstance(err, PreflightError):
                 raise

@@ -19,7 +19,7 @@ MAX_INTERVALS = 7  # between ticks on a linear axis; on a log one, a power of te
 
 
 def escape(text):
-    """TEXT for XML character data or a quoted attribute (html.escape: 2 ms of every launch's
+    """TEXT for XML character data or a quoted attribute (html.escape: a cost of every launch's
     imports, for html.entities)."""
     return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") \
         .replace('"', "&quot;")
