@@ -250,9 +250,14 @@ def test_installed_wheel_runs_the_playbooks_outside_the_checkout(installed):
     for name in deploy.PLAYBOOKS:
         assert "playbook: %s\n" % os.path.join(site, COLLECTION, "playbooks", name + ".yml") \
             in proc.stdout, proc.stdout
-    proc = in_installed(installed, "-m", "tfcluster", "deploy", "-i", "hosts.yml", "--check")
+    # Every slot has tfcluster_deploy: false: deploy refuses before Ansible starts; the
+    # validate playbook runs from the installed collection.
+    refused = in_installed(installed, "-m", "tfcluster", "deploy", "-i", "hosts.yml", "--check")
+    assert refused.returncode == 2 and "nothing to deploy" in refused.stderr, refused.stderr
+    proc = in_installed(installed, "-m", "tfcluster", "deploy", "-i", "hosts.yml", "--playbook",
+                        "validate", "--check")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "tfcluster: ansible-playbook tfcluster.cluster.deploy -i hosts.yml --check" in proc.stdout
+    assert "tfcluster: ansible-playbook tfcluster.cluster.validate -i hosts.yml --check" in proc.stdout
     assert re.search(r"worker0\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", proc.stdout)
 
 
