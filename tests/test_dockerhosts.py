@@ -43,7 +43,6 @@ from support.installed_wheel import build_wheel, install_wheel, run_installed  #
 from support.cli import assert_pictures_drawn, run_record, tfcluster
 from support.locks import DOCKERHOSTS_LOCK, hold_lock, ready_wheelhouse, share_wheelhouse
 from support.procs import pid_alive, wait_for
-from tfcluster.hosts.inventory import read_slots  # noqa: E402
 from support import readme_install  # noqa: E402
 from hostlib import dockerhosts as dh  # noqa: E402
 from hostlib import engine as dockerd  # noqa: E402
@@ -589,23 +588,16 @@ def test_trainer_code_hash_matches(deployed):
 
 @on_containers
 def test_a_workers_only_inventory_deploys(deployed, tmp_path):
-    """The same three machines, every one a worker (MultiWorkerMirroredStrategy's shape), in the
-    inventory `tfcluster init --layout mwms` writes: the deploy takes it, through ansible-playbook
-    and through `tfcluster deploy`, and says before it starts what the inventory runs."""
+    """The same three machines, every one a worker (MultiWorkerMirroredStrategy's shape): the
+    deploy takes the inventory, through ansible-playbook and through `tfcluster deploy`, and
+    says before it starts what the inventory runs."""
     hosts, ansible, _ = deployed
-    folder = tmp_path / "mwms"
-    made = tfcluster("init", str(folder), "--layout", "mwms",
-                     *["root@%s" % dh.host_addr(i) for i in (1, 2, 3)],
-                     "--key", str(dh.KEY), "--known-hosts", str(dh.KNOWN_HOSTS))
-    assert made.returncode == 0, made.stderr
-    inventory = folder / "hosts.yml"
-    assert [slot.job for slot in read_slots(str(inventory))] == ["worker"] * 3
-    # The deploy's inputs as the other deploys here have them; the wheelhouse is the checkout's.
-    with open(ansible.extra_vars_file) as handle:
-        extra = dict(json.load(handle), tensorflow_wheelhouse_src=os.path.join(REPO, "wheelhouse"))
-    extra_file = tmp_path / "extra-vars.json"
-    extra_file.write_text(json.dumps(extra))
-    workers = Ansible(inventory, str(extra_file), str(tmp_path))
+    text = open(dh.INVENTORY).read()
+    text = text.replace("    ps:\n      hosts:\n", "", 1).replace("    worker:\n      hosts:\n", "", 1)
+    text = text.replace("  children:\n", "  children:\n    worker:\n      hosts:\n", 1)
+    inventory = tmp_path / "workers.yml"
+    inventory.write_text(text)
+    workers = Ansible(inventory, ansible.extra_vars_file, str(tmp_path))
     try:
         proc = workers.run("deploy.yml", "-e", "tensorflow_install_mode=offline",
                            label="deploy of a workers-only inventory")
@@ -613,7 +605,7 @@ def test_a_workers_only_inventory_deploys(deployed, tmp_path):
     finally:
         workers.close()
         hosts.timings += workers.timings
-    proc = tfcluster("deploy", "-i", str(inventory), "--", "-e", "@" + str(extra_file),
+    proc = tfcluster("deploy", "-i", str(inventory), "--", "-e", "@" + ansible.extra_vars_file,
                      "-e", "tensorflow_install_mode=offline", timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "3 workers, no ps: " in proc.stdout and "multi_worker_mirrored" in proc.stdout
