@@ -255,7 +255,7 @@ def test_a_launch_refused_after_its_local_agents_started_ends_them(tmp_path, cap
     """The local agents start before the launcher's modules are imported (cli/commands.planned_launch):
     a launch refused after that (its run id taken) ends them before it returns."""
     from support.cli import local_inventory_text
-    from tfcluster.hosts.links import Hosts
+    from tfcluster.hosts.fanout import Hosts
     inventory = tmp_path / "local.yml"
     inventory.write_text(local_inventory_text(str(tmp_path / "work"), workers=2, ps=0))
     (tmp_path / "runs" / "taken").mkdir(parents=True)

@@ -678,7 +678,8 @@ def pwd_name(uid):
 
 def outcomes_of(found):
     """Hosts.each's Outcomes of {machine key: GPU facts or HostError}."""
-    from tfcluster.hosts.links import HostError, Outcomes
+    from tfcluster.hosts.links import HostError
+    from tfcluster.hosts.fanout import Outcomes
     outcomes = Outcomes()
     for key, value in found.items():
         (outcomes.failed if isinstance(value, HostError) else outcomes.succeeded)[key] = value

@@ -6,7 +6,7 @@ import threading
 
 from support import REPO
 from support.procs import pid_alive
-from tfcluster.hosts.links import Hosts
+from tfcluster.hosts.fanout import Hosts
 from tfcluster.hosts.inventory import Machine
 from tfcluster_agent import protocol as P
 

@@ -13,7 +13,7 @@ import pytest
 
 from tfcluster.spec import catalog
 from tfcluster.errors import PreflightError, RunFailed, RunInterrupted, RunTimedOut
-from tfcluster.hosts.links import Outcomes
+from tfcluster.hosts.fanout import Outcomes
 from tfcluster.hosts.inventory import Machine, Slot
 from tfcluster.launch.launcher import Launch, LaunchOptions
 from tfcluster.runs import store as runs

@@ -14,7 +14,7 @@ data_fetch = lazy("tfcluster.data.fetch")
 gpu_table = lazy("tfcluster.gpus.table")
 inventory = lazy("tfcluster.hosts.inventory")
 launcher = lazy("tfcluster.launch.launcher")
-links = lazy("tfcluster.hosts.links")
+fanout = lazy("tfcluster.hosts.fanout")
 manage = lazy("tfcluster.cli.manage")
 plan = lazy("tfcluster.launch.plan")
 plot = lazy("tfcluster.view.plot")
@@ -75,7 +75,7 @@ def planned_launch(inventory_path, example, counts):
     while they do (an agent's start is the longest wait of a short launch)."""
     cluster = plan.make_cluster(inventory_path, inventory.load_slots(inventory_path),
                                 plan.launch_counts(example, counts), example)
-    hosts = links.Hosts([m for m, _ in cluster.machines()])
+    hosts = fanout.Hosts([m for m, _ in cluster.machines()])
     hosts.spawn_local()
     return cluster, hosts
 

@@ -9,7 +9,7 @@ from tfcluster.runs import store as runs
 from tfcluster.runs.store import host_run_dir
 from tfcluster.diagnosis.stall import print_stacks, take_stacks
 from tfcluster.errors import RunFailed, UsageError
-from tfcluster.hosts.links import Hosts
+from tfcluster.hosts.fanout import Hosts
 from tfcluster.hosts.inventory import Machine
 from tfcluster.runs.metrics import MetricsStore
 from tfcluster.launch.monitor import Monitor, policy_met, tracked

@@ -25,7 +25,7 @@ import time
 
 from tfcluster.spec.catalog import code_root
 from tfcluster.errors import PreflightError, UsageError
-from tfcluster.hosts.links import Hosts
+from tfcluster.hosts.fanout import Hosts
 from tfcluster_agent.codesync import FORMAT
 from tfcluster_agent.hostcode import code_hash, definition, packages, skipped
 

@@ -8,7 +8,7 @@ import threading
 import time
 
 from tfcluster.gpus import placement as gpus
-from tfcluster.hosts.links import Hosts
+from tfcluster.hosts.fanout import Hosts
 from tfcluster_agent import protocol as P
 
 COLUMNS = ("HOST", "GPU", "NAME", "MEMORY MiB", "UTIL", "HEALTH", "HOLDER")

@@ -14,7 +14,7 @@ from tfcluster.runs import store as runs
 from tfcluster.launch import sharing
 from tfcluster.errors import (PreflightError, RunFailed, RunInterrupted, RunStalled,
                               RunTimedOut, TfclusterError, UsageError)
-from tfcluster.hosts.links import Hosts
+from tfcluster.hosts.fanout import Hosts
 from tfcluster.runs.metrics import MetricsStore, efficiency_message
 from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.launch.plan import launch_counts, make_cluster

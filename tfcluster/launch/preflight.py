@@ -6,7 +6,7 @@ from tfcluster.gpus import placement as gpus
 from tfcluster.launch import reach
 from tfcluster.spec.catalog import code_root
 from tfcluster.errors import PreflightError, Problem
-from tfcluster.hosts.links import Hosts
+from tfcluster.hosts.fanout import Hosts
 from tfcluster.runs import store as runs
 from tfcluster.runs.provenance import package_warnings
 from tfcluster.runs.record import PreflightReport
