@@ -163,7 +163,10 @@ def test_saves_killed_at_random_points_never_lead_to_a_resume_from_a_partial_che
         if any(n.startswith(checkpoints.PARTIAL) for n in os.listdir(directory)):
             cut_off += 1
         found = checkpoints.latest(directory)
-        assert found is not None and found.step >= last_committed, (found, last_committed)
+        if found is None:  # killed before its first save was whole: nothing to resume from
+            assert last_committed == 0, last_committed
+            continue
+        assert found.step >= last_committed, (found, last_committed)
         assert_whole(found)
         last_committed = found.step
     # Most kills fell inside a save (its files half-written, hashed or renamed): the test saw
