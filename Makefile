@@ -53,9 +53,9 @@ demo: setup
 
 # The fast tier, after every edit: in-process tests and short subprocesses on this machine (CLI
 # commands, the agent with placeholder tasks), the docs site's strict build; no TensorFlow launch,
-# no playbook run, no test hosts or containers, no root.
+# no playbook run, no test hosts or containers, no root. One worker per core, whole files each.
 check: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not root" tests
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow and not root" tests
 
 # Everything (CI): the fast tier, real launches, learning checks, test hosts and containers as
 # root. The container tests run as a second pytest session beside the others (scripts/testsuite).
