@@ -11,7 +11,7 @@ import pytest
 
 from support import REPO
 from support.cli import tfcluster
-from tfcluster.launch import sharing
+from tfcluster.launch import fencing, sharing
 from tfcluster.cli.main import build_parser
 from tfcluster.deploy.playbook import playbook_command
 from tfcluster.errors import UsageError
@@ -98,13 +98,13 @@ def test_an_unfenced_ssh_host_is_named_once():
                        Task("worker", 1, "w1", fenced, 2222), Task("worker", 2, "w2", local, 2222)])
     found = {bare.key: PreflightReport(fenced=False), fenced.key: PreflightReport(fenced=True),
              local.key: PreflightReport(fenced=False)}
-    assert sharing.unfenced_warnings(cluster, found) == [
+    assert fencing.unfenced_warnings(cluster, found) == [
         "10.0.0.2: no firewall fences TensorFlow's port(s) 2222, 2223 here: anyone on its "
         "network can connect, and TensorFlow runs any graph it is sent; an administrator "
         "fences them with `tfcluster deploy --system` (docs/labs.md)"]
-    assert sharing.port_span([2224, 2222, 2223, 4000, 2230, 2231]) == "2222-2224, 2230, 2231, 4000"
+    assert fencing.port_span([2224, 2222, 2223, 4000, 2230, 2231]) == "2222-2224, 2230, 2231, 4000"
     found[bare.key] = PreflightReport(fenced=None)  # tfcluster_fenced: fenced by other means
-    assert sharing.unfenced_warnings(cluster, found) == []
+    assert fencing.unfenced_warnings(cluster, found) == []
 
 
 def test_tfcluster_root_defaults_to_the_users_home(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import time
 from tfcluster.gpus import claims as gpuqueue
 from tfcluster.launch import proxy
 from tfcluster.runs import store as runs
-from tfcluster.launch import sharing
+from tfcluster.launch import fencing, sharing
 from tfcluster.errors import (PreflightError, RunFailed, RunInterrupted, RunStalled,
                               RunTimedOut, TfclusterError, UsageError)
 from tfcluster.hosts.fanout import Hosts
@@ -127,7 +127,7 @@ class Launch:
                                     data_needs=data_needs(self.cluster, options)),
             lambda found: print_preflight(self.reporter, self.cluster, found))
         self.cluster = sharing.place_run_folders(self.cluster, reports)
-        for line in sharing.unfenced_warnings(self.cluster, reports) + provenance.package_warnings(
+        for line in fencing.unfenced_warnings(self.cluster, reports) + provenance.package_warnings(
                 [m for m, _ in self.cluster.machines()], reports):
             self.reporter.note("warning: " + line)
         specs = self.specs = task_specs(self.cluster, options, self.run_id,

@@ -1,11 +1,8 @@
-"""Lab hosts as they are (docs/labs.md): machines that share folders (a home on NFS), and
-machines no firewall fences.
-
-- A workdir several machines of a run share (their preflights report the same token,
-  tfcluster_agent/shares.py) gets one run folder for the run and in it one folder per machine,
-  `<workdir>/<run-id>/<host>/`, so no machine finds "its" folder made by another.
-- A machine without the firewall role's fence is named once per launch: TensorFlow's servers
-  listen on every address and run any graph they are sent.
+"""Machines that share folders, as lab hosts do (a home on NFS, docs/labs.md): a workdir several
+machines of a run share (their preflights report the same token, tfcluster_agent/shares.py)
+gets one run folder for the run and in it one folder per machine, `<workdir>/<run-id>/<host>/`,
+so no machine finds "its" folder made by another; the launch's token tells the first machine's
+folder from one another launch made.
 """
 import os
 
@@ -55,30 +52,3 @@ def launch_token(cluster):
     if not any(m.run_subdir for m, _ in cluster.machines()):
         return ""
     return "%d-%s" % (os.getpid(), os.urandom(8).hex())
-
-
-def port_span(ports):
-    """"2222-2224, 4000": runs of three or more consecutive ports as ranges."""
-    runs = []
-    for port in sorted(set(ports)):
-        if runs and port == runs[-1][-1] + 1:
-            runs[-1].append(port)
-        else:
-            runs.append([port])
-    return ", ".join("%d-%d" % (r[0], r[-1]) if len(r) > 2 else ", ".join(map(str, r))
-                     for r in runs)
-
-
-def unfenced_warnings(cluster, reports):
-    """One line per SSH machine whose preflight found no firewall fence."""
-    lines = []
-    for machine, tasks in cluster.machines():
-        report = reports.get(machine.key)
-        ports = [t.port for t in tasks if t.port]
-        if machine.is_local or not ports or report is None or report.fenced is not False:
-            continue
-        lines.append("%s: no firewall fences TensorFlow's port(s) %s here: anyone on its "
-                     "network can connect, and TensorFlow runs any graph it is sent; an "
-                     "administrator fences them with `tfcluster deploy --system` (docs/labs.md)"
-                     % (machine.label, port_span(ports)))
-    return lines
