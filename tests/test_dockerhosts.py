@@ -587,31 +587,6 @@ def test_trainer_code_hash_matches(deployed):
 
 
 @on_containers
-def test_a_workers_only_inventory_deploys(deployed, tmp_path):
-    """The same three machines, every one a worker (MultiWorkerMirroredStrategy's shape): the
-    deploy takes the inventory, through ansible-playbook and through `tfcluster deploy`, and
-    says before it starts what the inventory runs."""
-    hosts, ansible, _ = deployed
-    text = open(dh.INVENTORY).read()
-    text = text.replace("    ps:\n      hosts:\n", "", 1).replace("    worker:\n      hosts:\n", "", 1)
-    text = text.replace("  children:\n", "  children:\n    worker:\n      hosts:\n", 1)
-    inventory = tmp_path / "workers.yml"
-    inventory.write_text(text)
-    workers = Ansible(inventory, ansible.extra_vars_file, str(tmp_path))
-    try:
-        proc = workers.run("deploy.yml", "-e", "tensorflow_install_mode=offline",
-                           label="deploy of a workers-only inventory")
-        assert proc.returncode == 0, explain(proc)
-    finally:
-        workers.close()
-        hosts.timings += workers.timings
-    proc = tfcluster("deploy", "-i", str(inventory), "--", "-e", "@" + ansible.extra_vars_file,
-                     "-e", "tensorflow_install_mode=offline", timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "3 workers, no ps: " in proc.stdout and "multi_worker_mirrored" in proc.stdout
-
-
-@on_containers
 def test_stop_stops_what_a_detached_launch_left(deployed, tmp_path):
     hosts, ansible, _ = deployed
     runs_dir = str(tmp_path / "runs")

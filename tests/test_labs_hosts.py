@@ -13,7 +13,6 @@ the fixture removes again (the fence, the service group, the GPU fact in the sha
 import grp
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from support.ansible_run import Ansible, task_status_runs
 from support import REPO
 from support.cli import run_record, tfcluster
 from support.locks import ready_wheelhouse
+from support.rootstep import FENCE_FILE, netns_nft, remove_root_step, root_step_state
 from support.testhosts import HostSet, exclusive
 from hostlib import labusers
 from tfcluster.spec.catalog import load_catalog
@@ -34,8 +34,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 USER, OTHER = "tfc-lab1", "tfc-lab2"
 PORT_BASE = 24400  # the fence (the root step) covers 24400-24499 for these inventories
-FENCE_FILE = "/etc/tfcluster-firewall.nft"
-GPU_FACT = "/etc/ansible/facts.d/gpus.fact"
 FAKE = os.path.join(REPO, "tests", "programs", "fake_task.py")
 FAKE_SMI = os.path.join(REPO, "tests", "programs", "nvidia-smi")
 
@@ -89,11 +87,6 @@ class Lab:
         labusers.remove(self.user)
 
 
-def netns_nft(testhosts, host, *args):
-    return subprocess.run(testhosts.netns_argv(host) + ["nft", *args], capture_output=True,
-                          text=True, timeout=30)
-
-
 @pytest.fixture(scope="module")
 def lab(testhosts, tmp_path_factory):
     """The user tfc-lab1 and what the tests make for them; afterwards the user, their home and
@@ -102,13 +95,7 @@ def lab(testhosts, tmp_path_factory):
     work = tmp_path_factory.mktemp("labs")
     wheelhouse = ready_wheelhouse(copy_to=str(work / "wheelhouse"))
     assert wheelhouse.returncode == 0, wheelhouse.stdout[-3000:] + wheelhouse.stderr[-3000:]
-    made = [FENCE_FILE, GPU_FACT, os.path.dirname(GPU_FACT), os.path.dirname(os.path.dirname(GPU_FACT))]
-    before = {path: os.path.exists(path) for path in made}
-    for name, lookup in (("group", grp.getgrnam), ("user", pwd.getpwnam)):
-        try:
-            before[name] = lookup("tfcluster") is not None
-        except KeyError:
-            before[name] = False
+    made, before = root_step_state()
     lab = Lab(testhosts, work, USER, str(work / "wheelhouse"))
     try:
         yield lab
@@ -117,23 +104,6 @@ def lab(testhosts, tmp_path_factory):
             lab.close()
         finally:  # what the root step left in /etc goes even when the user's removal failed
             remove_root_step(testhosts, made, before)
-
-
-def remove_root_step(testhosts, made, before):
-    """The fence (each host's namespace and the shared /etc), the GPU fact and the service
-    group and user, where the lab made them (BEFORE: what existed before it)."""
-    if testhosts.is_up:
-        for name, _ in testhosts.hosts[:3]:  # the fence lives in each host's namespace
-            netns_nft(testhosts, name, "delete", "table", "inet", "tfcluster")
-    for path in made:  # files first, then the folders the GPU fact needed
-        if not before[path] and os.path.isfile(path):
-            os.unlink(path)
-        elif not before[path] and os.path.isdir(path) and not os.listdir(path):
-            os.rmdir(path)
-    if not before["user"]:
-        subprocess.run(["userdel", "tfcluster"], capture_output=True)
-    if not before["group"]:
-        subprocess.run(["groupdel", "tfcluster"], capture_output=True)
 
 
 def test_a_users_deploy_refuses_without_the_administrators_half(lab):

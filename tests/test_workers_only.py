@@ -1,15 +1,14 @@
 """A cluster of workers only (TensorFlow 2's MultiWorkerMirroredStrategy shape): what `tfcluster
 examples -i` and the deploy say it runs, the docs' examples table against the catalog's
-declaration, a ps example refused before anything starts, and `init --layout`. The deploys of
-such an inventory are in tests/test_dockerhosts.py, its launches on the test hosts below."""
+declaration, a ps example refused before anything starts, and `init --layout`. The deploy and
+the launches of the inventory `init --layout mwms` writes are in tests/test_workers_hosts.py."""
 import os
 import re
 import sys
 
-import pytest
 
 from support import REPO
-from support.cli import run_record, tfcluster
+from support.cli import tfcluster
 from tfcluster.cli import main as cli
 from tfcluster.deploy.playbook import check_inventory
 from tfcluster.hosts.inventory import read_slots
@@ -110,39 +109,3 @@ def test_init_layout_ps_keeps_the_first_host_the_ps(tmp_path):
     slots = read_slots(str(tmp_path / "c" / "hosts.yml"))
     assert sorted((s.job, s.machine.address) for s in slots) == [
         ("ps", "a"), ("worker", "b"), ("worker", "c")]
-
-
-# ------------------------------------------------------------ on the test hosts (root)
-
-def ssh_workers_inventory(testhosts, tmp_path):
-    from test_ssh import ssh_inventory
-    text = open(ssh_inventory(testhosts, tmp_path)).read()
-    # Every host a worker: the ps group's host joins the workers.
-    text = text.replace("    ps:\n      hosts:\n", "    worker:\n      hosts:\n", 1)
-    text = text.replace("    worker:\n      hosts:\n", "", 2).replace(
-        "  children:\n", "  children:\n    worker:\n      hosts:\n", 1)
-    path = tmp_path / "workers-ssh.yml"
-    path.write_text(text)
-    assert [s.job for s in read_slots(str(path))] == ["worker"] * 3, text
-    return str(path)
-
-
-@pytest.mark.slow
-@pytest.mark.root
-def test_workers_only_runs_mwms_and_refuses_a_ps_example(testhosts, tmp_path):
-    inventory = ssh_workers_inventory(testhosts, tmp_path)
-    runs_dir = str(tmp_path / "runs")
-    refused = tfcluster("launch", "mnist_replica", "--smoke", "-i", inventory, runs_dir=runs_dir)
-    assert refused.returncode == 2 and "has no [ps] group" in refused.stderr, refused.stderr
-    builtin = tfcluster("launch", "multi_worker_mirrored", "--smoke", "--plain", "-i", inventory,
-                        "--run-id", "mwms", runs_dir=runs_dir, timeout=600)
-    assert builtin.returncode == 0, builtin.stdout[-4000:] + builtin.stderr[-2000:]
-    record = run_record(runs_dir, "mwms")
-    assert record["state"] == "succeeded"
-    assert sorted(record["results"]) == ["worker:0", "worker:1"]
-    own = tfcluster("launch", "--cmd", "python %s" % os.path.join(REPO, "examples",
-                                                                "keras_multi_worker.py"),
-                    "--plain", "-i", inventory, "--workers", "2", "--run-id", "keras",
-                    "--env", "TF_USE_LEGACY_KERAS=1", runs_dir=runs_dir, timeout=600)
-    assert own.returncode == 0, own.stdout[-4000:] + own.stderr[-2000:]
-    assert run_record(runs_dir, "keras")["state"] == "succeeded"
