@@ -92,3 +92,23 @@ def test_a_keras_callback_that_blocks_is_the_program_stuck_not_tensorflow():
         {"worker:0", "worker:1"})
     assert callback == ("worker:0 waits in a collective for worker:1, which is stuck in "
                         "wait_for_data (train.py:14)")
+
+
+def test_a_replica_thread_waiting_inside_tensorflow_is_no_program_code_stuck():
+    """MirroredStrategy runs the program's step on a thread per replica: one that waits inside
+    TensorFlow is not blamed, one blocked in the program's own code is."""
+    site = "/v/lib/python3.11/site-packages/tensorflow/python/"
+    replica = ["Thread 0x00000000000000bb (most recent call first):",
+               '  File "/home/u/train.py", line 12 in step',
+               '  File "%sdistribute/mirrored_run.py", line 9 in run' % site,
+               '  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner', ""]
+    in_tf = ['  File "%seager/execute.py", line 53 in quick_execute' % site]
+    for inside, blamed in ((in_tf, None), ([], "callback")):
+        text = IN_COLLECTIVE.replace("Current thread", "\n".join(
+            replica[:1] + inside + replica[1:]) + "Current thread")
+        blocked = diagnose.blocked_for_tensorflow(text)
+        assert (blocked and blocked.what) == blamed, text
+    assert diagnose.stall_cause(cluster_of(ps=1, workers=1), states(worker_0=1), {},
+                                {"worker:0": text}, {"worker:0"}) == \
+        "worker:0 waits in TensorFlow for its code on a TensorFlow thread, which is stuck in " \
+        "step (train.py:12)"

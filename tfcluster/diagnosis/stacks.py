@@ -136,7 +136,8 @@ THREAD_WAITS = ("/threading.py", "/queue.py")  # a wait for another thread of th
 def run_for_tensorflow(frames):
     """What a thread runs the program's code for when TensorFlow called it (a TensorFlow frame
     outside its innermost own frame): "input" (a tf.data generator, a Keras data adapter's
-    worker), "py_function" or "callback"; None for any other thread."""
+    worker; whatever it calls, TensorFlow waits for it), "py_function" or "callback" (not inside
+    TensorFlow itself); None for any other thread."""
     own = own_frame(frames)
     if own is None or own.in_library:
         return None
@@ -147,7 +148,8 @@ def run_for_tensorflow(frames):
         return "input"
     if any(f.file.endswith(PY_FUNCTION_FILE) for f in callers):
         return "py_function"
-    return "callback"
+    # A replica's thread (MirroredStrategy) that waits inside TensorFlow is no program code stuck.
+    return None if inside_tensorflow(frames) else "callback"
 
 
 def waits_for_a_thread(frames):

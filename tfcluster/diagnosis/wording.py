@@ -55,7 +55,7 @@ def ps_never_listened(task, status):
 
 # What a thread other than the main one runs the program's code for (diagnosis/stacks.py).
 THREAD_KINDS = {"input": "input pipeline", "py_function": "py_function",
-                "callback": "code that TensorFlow calls"}
+                "callback": "code on a TensorFlow thread"}
 
 
 def blocked_in(blocked):
