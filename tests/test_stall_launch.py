@@ -1,7 +1,8 @@
 """No silent hang, planted in real launches: a worker that blocks (locally, --on-stall stop), a
-MultiWorkerMirroredStrategy worker that blocks before its first collective and then exits (the
-one TensorFlow launch), and a healthy run on the test hosts whose stacks are taken on demand
-before one of its workers is stopped with SIGSTOP. Each cause must be named within
+MultiWorkerMirroredStrategy worker that blocks before its first collective and then exits, one
+whose tf.data generator blocks on a read off the main thread (the TensorFlow launches), and a
+healthy run on the test hosts whose stacks are taken on demand before one of its workers is
+stopped with SIGSTOP. Each cause must be named within
 --stall-after + 30 s of the fault."""
 import os
 import re
@@ -140,6 +141,39 @@ def test_mwms_waits_for_the_worker_stuck_before_its_collective_then_gone(local_e
     record = run_record(runs_dir)
     assert "tensorflow" in open(os.path.join(runs_dir, record["id"], "stacks",
                                              "worker-0.txt")).read()
+    assert_run_clean(record)
+
+
+def test_mwms_waits_for_the_worker_whose_generator_blocks_on_a_read(local_env, tmp_path):
+    """MultiWorkerMirroredStrategy: worker:1's tf.data generator blocks on a read after two
+    steps, off the main thread, which waits in TensorFlow for the next element; worker:0 waits
+    in the all-reduce. The cause names the generator's frame; once fed, the run succeeds."""
+    inventory, runs_dir = local_env
+    feed = tmp_path / "feed"
+    program = "mwms_generator_hang.py"
+    launcher = Launcher(runs_dir, "--cmd", "python %s" % os.path.join(PROGRAMS, program),
+                        "-i", inventory, "--ps", "0", "--workers", "2", "--chief", "0",
+                        "--stall-after", str(STALL_AFTER), "--env", "MWMS_FEED=%s" % feed)
+    try:
+        blocked = launcher.when(r"\[worker:1 .*\] step 1: ", 120)
+        where = "records (%s:%d)" % (program, line_of(program, "with open("))
+        cause = "tfcluster: worker:0 waits in a collective for worker:1, whose input pipeline " \
+            "is stuck in " + where
+        named = launcher.when(re.escape(cause) + "$", DEADLINE, blocked)
+        with open(feed, "w") as writer:
+            writer.write("more data\n")
+        assert launcher.finish(DEADLINE + 30) == 0
+    finally:
+        launcher.kill()
+    out = launcher.text()
+    assert named - blocked < DEADLINE, out
+    assert re.search(r"\n  worker:1  iterator_get_next \(tensorflow/python/ops/gen_dataset_ops"
+                     r"\.py:\d+\) < .* < <module> \(%s:\d+\)\n +its input pipeline: %s < "
+                     r"generator_py_func \(tensorflow/python/data/ops/from_generator_op\.py:\d+\)"
+                     % (re.escape(program), re.escape(where)), out), out
+    assert "[worker:1 localhost] step 4: " in out
+    record = run_record(runs_dir)
+    assert record["state"] == "succeeded", out
     assert_run_clean(record)
 
 

@@ -44,25 +44,34 @@ class Frame:
         return any(p in self.file for p in TENSORFLOW_PARTS)
 
 
-def main_thread(text):
-    """The frames (innermost first) of the main thread of the task's first Python process that
-    sent its stacks; [] when none did."""
-    main = threads = current = None
+def threads(text):
+    """[(main, frames)] of every Python thread of the task's first Python process that sent its
+    stacks, the main thread first (MAIN: it is), each thread's frames innermost first; [] when
+    no process sent any."""
+    main = found = current = None
     for line in text.splitlines():
         process = PROCESS.match(line)
         if process:
-            if main and threads and threads.get(main):
+            if main and found and found.get(main):
                 break  # the first process with a main thread dump is the task's program
-            main, threads, current = (process.group(3) or "").lower(), {}, None
+            main, found, current = (process.group(3) or "").lower(), {}, None
             continue
         thread = THREAD.match(line)
-        if thread and threads is not None:
-            current = threads.setdefault(thread.group(1).lower(), [])
+        if thread and found is not None:
+            current = found.setdefault(thread.group(1).lower(), [])
             continue
         frame = FRAME.match(line)
         if frame and current is not None:
             current.append(Frame(frame.group(3), frame.group(1), int(frame.group(2))))
-    return (threads or {}).get(main) or []
+    found = found or {}
+    return [(ident == main, frames) for ident, frames in
+            sorted(found.items(), key=lambda item: item[0] != main) if frames]
+
+
+def main_thread(text):
+    """The frames (innermost first) of the main thread of the task's first Python process that
+    sent its stacks; [] when none did."""
+    return next((frames for main, frames in threads(text) if main), [])
 
 
 def stopped(text):
@@ -89,28 +98,112 @@ def own_frame(frames):
     return next((f for f in frames if not f.in_library), frames[0] if frames else None)
 
 
-def _culprit(task, states, ended_at, frames):
+def inside_tensorflow(frames):
+    """True when the thread is inside TensorFlow now: a TensorFlow frame comes before (inside)
+    its innermost own frame. A Keras callback that blocks is the program's own code, stuck."""
+    for frame in frames:
+        if frame.in_tensorflow:
+            return True
+        if not frame.in_library:
+            return False
+    return False
+
+
+@value_class(frozen=True)
+class Blocked:
+    """A thread other than the main one, blocked in the program's own code while the main thread
+    waits inside TensorFlow: WHAT it is (a wording.THREAD_KINDS key), its FRAMES (innermost
+    first), and FEEDERS: when it waits for another of the program's threads, the frames of
+    those the program started that are blocked in its own code."""
+    what: str
+    frames: tuple
+    feeders: tuple = ()
+
+    @property
+    def frame(self):
+        return own_frame(self.frames)
+
+    @property
+    def feeder_frames(self):
+        return [own_frame(frames) for frames in self.feeders]
+
+
+INPUT_PARTS = ("/python/data/", "/data_adapter", "/data_utils.py")  # tf.data, Keras' adapters
+PY_FUNCTION_FILE = "/python/ops/script_ops.py"
+THREAD_WAITS = ("/threading.py", "/queue.py")  # a wait for another thread of the program
+
+
+def run_for_tensorflow(frames):
+    """What a thread runs the program's code for when TensorFlow called it (a TensorFlow frame
+    outside its innermost own frame): "input" (a tf.data generator, a Keras data adapter's
+    worker; whatever it calls, TensorFlow waits for it), "py_function" or "callback" (not inside
+    TensorFlow itself); None for any other thread."""
+    own = own_frame(frames)
+    if own is None or own.in_library:
+        return None
+    callers = [f for f in frames[frames.index(own) + 1:] if f.in_tensorflow]
+    if not callers:
+        return None
+    if any(part in f.file for f in callers for part in INPUT_PARTS):
+        return "input"
+    if any(f.file.endswith(PY_FUNCTION_FILE) for f in callers):
+        return "py_function"
+    # A replica's thread (MirroredStrategy) that waits inside TensorFlow is no program code stuck.
+    return None if inside_tensorflow(frames) else "callback"
+
+
+def waits_for_a_thread(frames):
+    """True when the innermost frame is a queue's, a lock's or an event's wait."""
+    return bool(frames) and any(part in frames[0].file for part in THREAD_WAITS)
+
+
+def blocked_for_tensorflow(text):
+    """The Blocked thread TensorFlow waits for in a task's stacks TEXT, or None. Its main thread
+    waits inside TensorFlow, and TensorFlow runs the program's code on another thread that is
+    there: a generator or py_function only shows while it runs, so in a stall it is blocked.
+    The program's own threads (idle helpers as well) are named only as what that one waits for,
+    when it waits in a queue, lock or event."""
+    found = threads(text)
+    if not found or not found[0][0] or not inside_tensorflow(found[0][1]):
+        return None
+    for _, frames in found[1:]:
+        what = run_for_tensorflow(frames)
+        if what:
+            feeders = ()
+            if waits_for_a_thread(frames):
+                feeders = tuple(tuple(theirs) for _, theirs in found[1:]
+                                if not any(f.in_tensorflow for f in theirs)
+                                and not own_frame(theirs).in_library
+                                and not waits_for_a_thread(theirs))
+            return Blocked(what, tuple(frames), feeders)
+    return None
+
+
+def _culprit(task, states, ended_at, frames, blocked=None):
     return wording.culprit(task, states.get(task.label), ended_at.get(task.label),
-                           own_frame(frames))
+                           own_frame(frames), blocked)
 
 
 def stall_cause(cluster, states, ended_at, stacks, stalled):
     """One line naming what the STALLED tasks (labels) wait for, from STACKS ({label: text}),
     the tasks' STATES ({label: TaskStatus}) and ENDED_AT ({label: time.time()})."""
-    frames = {t.label: main_thread(stacks.get(t.label, "")) for t in cluster.tasks}
-    in_tf = {label: any(f.in_tensorflow for f in fr) for label, fr in frames.items()}
+    texts = {t.label: stacks.get(t.label, "") for t in cluster.tasks}
+    frames = {label: main_thread(text) for label, text in texts.items()}
+    in_tf = {label: inside_tensorflow(fr) for label, fr in frames.items()}
+    blocked = {label: blocked_for_tensorflow(text) for label, text in texts.items()}
     training = [t for t in cluster.tasks if t.job in TRAINING_JOBS]
     stuck = [t for t in cluster.tasks if t.label in stalled]
-    waiters = [t for t in stuck if t in training and in_tf[t.label]]
+    waiters = [t for t in stuck if t in training and in_tf[t.label] and not blocked[t.label]]
     # Collectives: every worker of a cluster without ps takes part in each one.
     if waiters and not cluster.job_tasks("ps") and len(training) > 1:
         culprits = [t for t in training if t not in waiters and (
-            not states.get(t.label) or not states[t.label].alive or
+            not states.get(t.label) or not states[t.label].alive or blocked[t.label] or
             (frames[t.label] and not in_tf[t.label]))]
         if culprits:
             return wording.waits_in_collective(
                 [t.label for t in waiters],
-                [_culprit(t, states, ended_at, frames[t.label]) for t in culprits])
+                [_culprit(t, states, ended_at, frames[t.label], blocked[t.label])
+                 for t in culprits])
     parts = []
     for task in stuck:
         mine = frames[task.label]
@@ -118,6 +211,8 @@ def stall_cause(cluster, states, ended_at, stacks, stalled):
             parts.append(wording.stopped_task(task.label))
         elif not mine:
             parts.append(wording.no_python_stack(task.label))
+        elif blocked[task.label]:
+            parts.append(wording.waits_for_own_code(task.label, blocked[task.label]))
         elif in_tf[task.label]:
             parts.append(wording.waits_in_tensorflow(task.label, own_frame(mine)))
         else:

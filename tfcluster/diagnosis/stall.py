@@ -41,7 +41,7 @@ def take_stacks(hosts, cluster, run_id, record_dir):
 
 
 def print_stacks(reporter, cluster, record_dir, stacks, problems):
-    from tfcluster.diagnosis.stacks import innermost, main_thread
+    from tfcluster.diagnosis.stacks import blocked_for_tensorflow, innermost, main_thread
     for problem in problems:
         reporter.note(wording.no_stacks_from(problem))
     if not stacks:
@@ -52,6 +52,10 @@ def print_stacks(reporter, cluster, record_dir, stacks, problems):
         if task.label in stacks:
             reporter.out("  %-*s  %s" % (width, task.label, innermost(main_thread(
                 stacks[task.label]))))
+            blocked = blocked_for_tensorflow(stacks[task.label])
+            if blocked:
+                reporter.out("  %-*s  %s" % (width, "", wording.blocked_thread_line(
+                    blocked.what, innermost(list(blocked.frames)))))
 
 
 class StallFollower:

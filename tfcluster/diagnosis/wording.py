@@ -53,11 +53,30 @@ def ps_never_listened(task, status):
         task.label, task.machine.address, describe_exit(status, full=True), task.address)
 
 
-def culprit(task, status, at, frame):
-    """"worker:1, which exited 0 at 12:01:07" (STATUS: it ended, AT: when), else "worker:1, which
-    is stuck in f (a.py:3)" (FRAME: its own innermost frame)."""
+# What a thread other than the main one runs the program's code for (diagnosis/stacks.py).
+THREAD_KINDS = {"input": "input pipeline", "py_function": "py_function",
+                "callback": "code on a TensorFlow thread"}
+
+
+def blocked_in(blocked):
+    """"stuck in f (a.py:3)", and what it waits for: ", which waits for the program's thread in
+    g (a.py:9)". BLOCKED: a stacks.Blocked."""
+    text = "stuck in %s" % blocked.frame
+    feeders = blocked.feeder_frames
+    if feeders:
+        text += ", which waits for the program's thread%s in %s" % (
+            "s" if len(feeders) > 1 else "", " or ".join(str(f) for f in feeders))
+    return text
+
+
+def culprit(task, status, at, frame, blocked=None):
+    """"worker:1, which exited 0 at 12:01:07" (STATUS: it ended, AT: when), "worker:1, whose
+    input pipeline is stuck in f (a.py:3)" (BLOCKED: the stacks.Blocked thread its main thread
+    waits for), else "worker:1, which is stuck in f (a.py:3)" (FRAME: its own innermost frame)."""
     if status is not None and not status.alive:
         return "%s, which %s" % (task.label, describe_exit(status, at))
+    if blocked:
+        return "%s, whose %s is %s" % (task.label, THREAD_KINDS[blocked.what], blocked_in(blocked))
     return "%s, which is stuck in %s" % (task.label, frame)
 
 
@@ -112,6 +131,17 @@ def no_python_stack(label):
 
 def waits_in_tensorflow(label, frame):
     return "%s waits in TensorFlow, called from %s" % (label, frame)
+
+
+def waits_for_own_code(label, blocked):
+    """LABEL's main thread waits inside TensorFlow for BLOCKED (a stacks.Blocked)."""
+    return "%s waits in TensorFlow for its %s, which is %s" % (
+        label, THREAD_KINDS[blocked.what], blocked_in(blocked))
+
+
+def blocked_thread_line(what, frames):
+    """The line under a task's main thread in the stacks shown: the thread it waits for."""
+    return "its %s: %s" % (THREAD_KINDS[what], frames)
 
 
 def stuck_in(label, frame):
