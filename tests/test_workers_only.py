@@ -10,6 +10,7 @@ import pytest
 
 from support import REPO
 from support.cli import run_record, tfcluster
+from support.ssh import ssh_inventory
 from tfcluster.cli import main as cli
 from tfcluster.deploy.playbook import check_inventory
 from tfcluster.hosts.inventory import read_slots
@@ -115,7 +116,6 @@ def test_init_layout_ps_keeps_the_first_host_the_ps(tmp_path):
 # ------------------------------------------------------------ on the test hosts (root)
 
 def ssh_workers_inventory(testhosts, tmp_path):
-    from test_ssh import ssh_inventory
     text = open(ssh_inventory(testhosts, tmp_path)).read()
     # Every host a worker: the ps group's host joins the workers.
     text = text.replace("    ps:\n      hosts:\n", "    worker:\n      hosts:\n", 1)
