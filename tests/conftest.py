@@ -15,8 +15,9 @@ pytest.register_assert_rewrite("support")
 from support.cli import assert_pictures_drawn, local_inventory_text  # noqa: E402
 from support.procs import stop_leftovers  # noqa: E402
 
-# Fixtures of their own modules, registered here once: testhosts, readable_copy.
-pytest_plugins = ["support.testhosts", "support.other_users"]
+# Fixtures of their own modules, registered here once: testhosts, readable_copy, agent, fake_gpus
+# and smi_in_process.
+pytest_plugins = ["support.testhosts", "support.other_users", "support.agents", "support.gpus"]
 if os.environ.get("CPU_OF_CGROUP"):  # under scripts/cpu-of: each test's CPU seconds
     pytest_plugins.append("support.cpu_per_test")
 

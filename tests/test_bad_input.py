@@ -8,18 +8,12 @@ import subprocess
 import pytest
 
 from support import REPO
-from test_cli import run_cli as run
+from support.cli import assert_usage_error, run_cli as run
 from tfcluster.runs import store as runs
 from tfcluster.spec.catalog import check_templates, custom_example, load_catalog, task_command
 from tfcluster.errors import UsageError
 from tfcluster.hosts.inventory import Machine, Slot, load_slots
 from tfcluster.spec.cluster import build_cluster
-
-
-def assert_usage_error(code, err, message):
-    assert code == 2, err
-    assert message in err, err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
 def inventory(tmp_path, host_vars):

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from support import REPO
-from test_bad_input import assert_usage_error
-from test_cli import run_cli
-from test_wheelhouse_record import FAKE_PIP
+from support.cli import assert_usage_error, run_cli
+from support.fake_pip import FAKE_PIP
+from support.files import read_only
 
 # The fake pip's `install --dry-run --report FILE` (what --lock runs): one package resolved.
 FAKE_LOCKING_PIP = r'''
@@ -26,22 +26,6 @@ if sys.argv[1] == "install":
 
 def tfcluster_argv(*args):
     return [sys.executable, "-m", "tfcluster", *args]
-
-
-def read_only(path, argv):
-    """ARGV run while PATH (a file or folder) cannot be written: for root, whom file modes do
-    not stop, a read-only bind mount in a mount namespace of its own; else its modes."""
-    if os.geteuid() == 0:
-        argv = ["unshare", "--mount", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"',
-                str(path)] + argv
-        return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
-    folder = path if os.path.isdir(path) else os.path.dirname(path)
-    mode = os.stat(folder).st_mode
-    os.chmod(folder, mode & ~0o222)
-    try:
-        return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
-    finally:
-        os.chmod(folder, mode)
 
 
 class House:

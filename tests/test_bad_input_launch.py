@@ -10,7 +10,8 @@ import time
 import pytest
 
 from support import REPO
-from support.cli import local_inventory_text, run_record, tfcluster
+from support.cli import local_inventory_text, run_cli, run_record, tfcluster
+from support.files import read_only
 from support.procs import stop_leftovers
 
 # A progress bar's character, which latin-1 cannot encode.
@@ -113,7 +114,6 @@ def test_a_wrong_trainer_flag_is_refused_before_anything_starts(tmp_path):
     (["steps"], "mnist_replica's trainer takes flags only, not 'steps'"),
 ])
 def test_trainer_flags_and_values(tmp_path, capsys, args, message):
-    from test_cli import run_cli
     code, out, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), "launch",
                              "mnist_replica", "-i", "/nonexistent.yml", "--", *args)
     assert_one_line(code, err, 2, message)  # before the inventory is even read
@@ -153,7 +153,6 @@ def test_an_empty_run_id_stops_nothing(two_workers):
     (["--on-stall", "report", "--detach"], "--stall-after and --on-stall need the launcher"),
 ])
 def test_stall_flags_the_watch_cannot_honour(two_workers, capsys, argv, message):
-    from test_cli import run_cli
     inventory, runs_dir = two_workers
     code, out, err = run_cli(capsys, "--runs-dir", runs_dir, "launch", "-i", inventory, "--cmd",
                              "sleep 4", *argv)
@@ -162,7 +161,7 @@ def test_stall_flags_the_watch_cannot_honour(two_workers, capsys, argv, message)
 
 
 class EndingWhileStacksAreTaken:
-    """worker-1 stalls at once (test_stall.StallingLink); every worker then ends with exit 0
+    """worker-1 stalls at once (support.fakehosts.StallingLink); every worker then ends with exit 0
     while the stacks are taken."""
 
     def request(self, msg, timeout, what="", collect=None):
@@ -176,11 +175,10 @@ class EndingWhileStacksAreTaken:
 
 
 def test_tasks_that_succeed_while_a_stall_is_acted_on_fail_no_run(tmp_path, monkeypatch):
-    from test_launcher_unit import cluster_of, run
-    from test_stall import StallingLink
+    from support.fakehosts import StallingLink, cluster_of, run
     from tfcluster.diagnosis.stall import StallFollower
     link = type("Link", (EndingWhileStacksAreTaken, StallingLink), {})
-    monkeypatch.setattr("test_launcher_unit.FakeLink", link)
+    monkeypatch.setattr("support.fakehosts.FakeLink", link)
     monkeypatch.setattr(StallFollower, "settle_seconds", lambda self: 0.1)
     outcome, record, console, _ = run(tmp_path, cluster_of(ps=1, workers=2), {}, stall_after=3,
                                       on_stall="stop")
@@ -201,7 +199,6 @@ def test_logs_of_tasks_that_printed_nothing_say_so(two_workers):
 
 
 def test_the_default_runs_folder_is_not_called_runs_dir(tmp_path, capsys, monkeypatch):
-    from test_cli import run_cli
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("not a folder")
     code, out, err = run_cli(capsys, "launch", "--cmd", "true", "-i", "/nonexistent.yml")
@@ -220,7 +217,6 @@ def test_a_home_that_cannot_hold_the_cache(two_workers, tmp_path, home_is, comma
     """Warned once; the cache goes to a private folder under the runs folder, where the next
     command finds the inventory read and a launch TensorFlow's version (no import); the home is
     never created nor written (as root, a makedirs would: ours, Ansible's, Keras')."""
-    from test_bad_input_files import read_only
     inventory, runs_dir = two_workers
     home = tmp_path / "home"
     argv = ["env", "HOME=%s" % home, "XDG_CACHE_HOME=", sys.executable, "-m", "tfcluster",

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
+from support.fakehosts import FakeHosts, FakeLink, cluster_of, run
 from support.ports import free_port_block
-from test_agent import agent  # noqa: F401  (the fixture, used by name)
-from test_launcher_unit import FakeHosts, FakeLink, cluster_of, run
+from support.task_output import CREATE_SESSION
 from tfcluster.launch import proxy
 from tfcluster.launch import reach
 from tfcluster.diagnosis import END, STRAGGLER, WAIT, Cause, rootcause
@@ -23,9 +23,6 @@ from tfcluster.diagnosis.stragglers import StragglerWatch
 from tfcluster_agent import protocol as P
 from tfcluster_agent import reach as agent_reach
 from tfcluster_agent.hostinfo import proxy_facts
-
-CREATE_SESSION = ("I0000 00:00:1795692285.474252   15716 master.cc:278] CreateSession still "
-                  "waiting for response from worker: /job:ps/replica:0/task:0")
 
 
 # ------------------------------------------------------------------ reachability, agent side

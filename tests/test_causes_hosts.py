@@ -12,10 +12,9 @@ import time
 import pytest
 
 from support import REPO
-from support.cli import assert_run_clean, run_record, tfcluster
+from support.cli import Launch, assert_run_clean, run_record, tfcluster
 from support.procs import wait_for
-from test_causes_launch import Launch
-from test_ssh import ssh_inventory
+from support.ssh import ssh_inventory
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 

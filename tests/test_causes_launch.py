@@ -4,14 +4,11 @@ tasks, no TensorFlow), then TensorFlow's own behaviour: gRPC past a dead proxy, 
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 
 import pytest
 
 from support import REPO
-from support.cli import assert_run_clean, run_record
+from support.cli import Launch, assert_run_clean, run_record
 from support.procs import pid_alive, wait_for
 
 pytestmark = pytest.mark.slow
@@ -19,36 +16,6 @@ pytestmark = pytest.mark.slow
 PEER = "python %s" % os.path.join(REPO, "tests", "programs", "peer_task.py")
 TF1 = "python %s" % os.path.join(REPO, "tests", "programs", "tf1_session.py")
 CLUSTER = ("--ps", "1", "--workers", "2", "--chief", "0", "--success", "all_workers", "--plain")
-
-
-class Launch:
-    """`tfcluster launch` in the background, its output lines collected as they come."""
-
-    def __init__(self, runs_dir, *args, env=None):
-        argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", *args]
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     env=dict(os.environ, **(env or {})))
-        self.lines = []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout))
-        self.reader.start()
-
-    def line(self, pattern, timeout, what):
-        """The first output line matching PATTERN, waited for."""
-        def found():
-            return next((line for line in list(self.lines) if re.search(pattern, line)), None)
-        return wait_for(found, timeout, what, interval=0.2)
-
-    def end(self, timeout=90):
-        self.proc.wait(timeout)
-        self.reader.join(10)
-        return "".join(self.lines)
-
-    def kill(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-        self.end()
 
 
 def test_a_straggler_is_marked_and_a_killed_ps_is_named_before_the_workers_it_took_down(

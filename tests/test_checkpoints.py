@@ -6,21 +6,17 @@ import random
 import subprocess
 import sys
 
+from support.checkpoints import FILES, content, write_step
 from trainers.common import checkpoints
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
-# A save as a trainer makes one: files of several sizes, written in chunks, whose bytes say
-# which step they belong to (so a test can tell a whole checkpoint from a mixed or cut one).
-FILES = {"model.ckpt.index": 3, "model.ckpt.data-00000-of-00001": 48, "extra/vocab.txt": 1}
-CHUNK = 16 << 10
-
-# The writer: resumes, then saves one step after the other until it is killed. It imports this
-# module (not conftest: pytest would cost each of the 30 starts a tenth of a second).
+# The writer: resumes, then saves one step after the other until it is killed. It imports
+# support.checkpoints (not conftest: pytest would cost each of the 30 starts a tenth of a second).
 WRITER = r"""
 import sys
 sys.path[:0] = [sys.argv[2], sys.argv[3]]
-from test_checkpoints import write_step
+from support.checkpoints import write_step
 from trainers.common import checkpoints
 directory = sys.argv[1]
 found = checkpoints.latest(directory)
@@ -31,26 +27,6 @@ while True:
     checkpoints.commit(directory, step, lambda folder: write_step(folder, step))
     print("committed", step, flush=True)
 """
-
-
-def content(name, step):
-    """The bytes of file NAME in the save of STEP."""
-    line = ("%s step %d\n" % (name, step)).encode()
-    size = FILES[name] * CHUNK
-    return (line * (size // len(line) + 1))[:size]
-
-
-def write_step(folder, step):
-    """WRITE for commit(): every file of FILES, chunk by chunk; returns the entry."""
-    for name in FILES:
-        path = os.path.join(folder, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        data = content(name, step)
-        with open(path, "wb") as handle:
-            for start in range(0, len(data), CHUNK):
-                handle.write(data[start:start + CHUNK])
-                handle.flush()
-    return os.path.join(folder, "model.ckpt")
 
 
 def assert_whole(found):

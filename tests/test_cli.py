@@ -4,7 +4,7 @@ import os
 import pytest
 
 from support import REPO
-from support.cli import tfcluster
+from support.cli import run_cli, tfcluster
 
 
 @pytest.mark.parametrize("args, message", [
@@ -28,17 +28,6 @@ def test_usage_errors_are_one_line_exit_2(tmp_path, capsys, monkeypatch, args, m
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")
-
-
-def run_cli(capsys, *argv):
-    """tfcluster in this process (fast): (exit code, stdout, stderr)."""
-    from tfcluster.cli import main as cli
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as exit_:  # argparse's errors
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_missing_group_is_reported(tmp_path, capsys):

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from support import REPO
-from test_bad_input_files import read_only
+from support.files import read_only
 from tfcluster.cli import main as cli
 from tfcluster.cli.init import HOST, USER
 from tfcluster.hosts.inventory import read_slots

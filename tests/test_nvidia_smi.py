@@ -21,9 +21,8 @@ import time
 import pytest
 
 from support import REPO
+from support.gpus import FAKE_SMI, local_slots, outcomes_of, reports_for
 from support.procs import processes_matching
-from test_gpu_sharing import (FAKE_SMI, fake_gpus, local_slots, outcomes_of,  # noqa: F401
-                              reports_for, smi_in_process)
 from tfcluster.gpus import placement as gpus
 from tfcluster.gpus import table as gpustable
 from tfcluster.hosts.inventory import Machine, Slot

@@ -13,7 +13,7 @@ import sys
 import yaml
 
 from support import REPO
-from test_cli import run_cli
+from support.cli import run_cli
 from tfcluster.hosts import links as hosts
 from tfcluster.deploy import sync
 from tfcluster_agent import hostcode

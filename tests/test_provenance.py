@@ -12,10 +12,9 @@ import sysconfig
 import pytest
 
 from support import REPO
-from support.cli import run_record, tfcluster
+from support.cli import run_cli, run_record, tfcluster
 from support.ports import free_port_block
 from support.procs import stop_leftovers
-from test_cli import run_cli
 from tfcluster.cli.rerun import with_values
 from tfcluster.errors import UsageError
 from tfcluster.runs import provenance

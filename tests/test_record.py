@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from test_launcher_unit import FakeHosts, FakeLink
+from support.fakehosts import FakeHosts, FakeLink
 from tfcluster.spec import catalog
 from tfcluster.cli import manage
 from tfcluster.runs import store as runs

@@ -6,13 +6,12 @@ import types
 import pytest
 from rich.console import Console
 
+from support.reporters import make_task, render
 import tfcluster.view.live
 from tfcluster.cli.main import build_parser
-from tfcluster.hosts.inventory import Machine
 from tfcluster.view.live import LiveReporter
 from tfcluster.view.console import make_reporter
 from tfcluster.view.report import PlainReporter, is_noise
-from tfcluster.spec.cluster import Task
 
 NOISE = [
     "2026-11-22 06:00:01.1: I tensorflow/core/util/port.cc:153] oneDNN custom operations are on. "
@@ -45,11 +44,6 @@ KEPT = [
     'TFCLUSTER_RESULT {"loss": 0.3, "global_step": 200}',
     'TFCLUSTER_METRIC {"step": oops}',  # malformed: shown, so the user can fix it
 ]
-
-
-def make_task(job="worker", index=0, host="10.0.0.12"):
-    return Task(job=job, index=index, slot="%s%d" % (job, index), machine=Machine(address=host),
-                port=2222)
 
 
 @pytest.mark.parametrize("line", NOISE)
@@ -85,12 +79,6 @@ def test_plain_reporter_verbose_shows_everything():
     lines = plain_output(verbose=True)
     assert len(lines) == len(NOISE) + len(KEPT) + 1
     assert lines[-1].startswith("[worker:0 10.0.0.12] TFCLUSTER_METRIC ")
-
-
-def render(reporter, width=140):
-    console = Console(file=io.StringIO(), width=width, color_system=None)
-    console.print(reporter.render())
-    return console.file.getvalue()
 
 
 def test_live_reporter_renders_a_row_per_task_and_the_cluster(monkeypatch):

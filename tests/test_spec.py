@@ -4,7 +4,7 @@ import json
 import pytest
 
 from support import REPO
-from support.cli import tfcluster
+from support.cli import run_cli, tfcluster
 from tfcluster.errors import UsageError
 from tfcluster.hosts.inventory import Machine, Slot
 from tfcluster.spec.cluster import build_cluster, format_cluster_spec, parse_cluster_spec, render
@@ -71,7 +71,6 @@ def test_trainers_parse_the_cluster_spec_as_the_controller_does():
 
 
 def test_cli_spec_json_and_errors(capsys, monkeypatch):
-    from test_cli import run_cli
     code, out, _ = run_cli(capsys, "spec", "--cluster-spec", "worker|a:1;b:2,ps|c:3", "--format",
                            "json")
     assert code == 0 and json.loads(out) == {"worker": ["a:1", "b:2"], "ps": ["c:3"]}

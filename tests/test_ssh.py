@@ -8,41 +8,12 @@ import pytest
 
 from support import REPO
 from support.cli import assert_run_clean, run_record, tfcluster
+from support.procs import processes_of_run
+from support.ssh import ssh_inventory
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 FAKE = "python %s" % os.path.join(REPO, "tests", "programs", "fake_task.py")
-
-
-def ssh_inventory(testhosts, tmp_path, known_hosts=None, connect_timeout=5):
-    (ps_name, ps_addr), (w1, a1), (w2, a2) = testhosts.hosts[:3]
-    text = """all:
-  vars:
-    ansible_user: root
-    ansible_ssh_private_key_file: {key}
-    tfcluster_known_hosts: {known}
-    tfcluster_root: {repo}
-    tfcluster_python: {python}
-    tfcluster_workdir: {work}
-    tfcluster_connect_timeout: {timeout}
-    tfcluster_port_base: 24000
-  children:
-    ps:
-      hosts:
-        {ps_name}: {{ansible_host: {ps_addr}}}
-    worker:
-      hosts:
-        {w1}: {{ansible_host: {a1}}}
-        {w2}: {{ansible_host: {a2}}}
-""".format(key=testhosts.key, known=known_hosts or testhosts.known_hosts, repo=REPO,
-           python=sys.executable, timeout=connect_timeout,
-           # Each host's own /opt: hosts share every other folder, and a run folder is one
-           # machine's alone (an agent never adopts a folder another agent created).
-           work="/opt/tfc-ssh/%s/work" % tmp_path.name,
-           ps_name=ps_name, ps_addr=ps_addr, w1=w1, a1=a1, w2=w2, a2=a2)
-    path = tmp_path / "ssh.yml"
-    path.write_text(text)
-    return str(path)
 
 
 def test_unreachable_host_fails_preflight_naming_it(testhosts, tmp_path):
@@ -93,20 +64,6 @@ def test_unknown_host_key_is_refused(testhosts, tmp_path):
     proc = tfcluster("check", "-i", inventory)
     assert proc.returncode == 3
     assert "host key not trusted" in proc.stderr
-
-
-def processes_of_run(run_id):
-    """Pids whose environment names RUN_ID: a run's tasks and every child they started."""
-    marker = ("TFCLUSTER_RUN_ID=%s" % run_id).encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as handle:
-                if marker in handle.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def test_detach_and_stop_over_ssh(testhosts, tmp_path):

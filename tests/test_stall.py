@@ -13,12 +13,11 @@ import pytest
 from rich.console import Console
 
 from support import REPO
-from support.cli import run_record
+from support.cli import run_cli, run_record
+from support.fakehosts import FakeLink, StallingLink, cluster_of, run
 from support.procs import wait_for
-from test_cli import run_cli
-from test_causes import CREATE_SESSION
-from test_launcher_unit import FakeLink, cluster_of, run
-from test_report import make_task, render
+from support.reporters import make_task, render
+from support.task_output import CREATE_SESSION, IN_COLLECTIVE, WAITING, stack_of, states
 from tfcluster.diagnosis import stacks as diagnose
 from tfcluster.view.live import LiveReporter
 from tfcluster.diagnosis.stall import StallFollower
@@ -27,7 +26,6 @@ from tfcluster.errors import RunStalled, RunTimedOut
 from tfcluster_agent import protocol as P
 from tfcluster_agent import stall
 from tfcluster_agent import supervisor as S
-from tfcluster.runs.record import TaskStatus
 
 STACKS_DIR = os.path.join(REPO, "tfcluster_agent", "stacks")
 
@@ -205,26 +203,6 @@ def test_stacks_of_a_task_with_a_sitecustomize_of_its_own(tmp_path):
 
 # ---------------------------------------------------------------- naming the cause
 
-def stack_of(*frames):
-    lines = ["# worker-0 on h at now: every process of its group",
-             "# pid 10 (sh) state S in do_wait: no Python stacks",
-             "# pid 11 (python) state S in futex_wait, main thread 0x00000000000000aa",
-             "Current thread 0x00000000000000aa (most recent call first):"]
-    return "\n".join(lines + ['  File "%s", line %d in %s' % f for f in frames]) + "\n"
-
-
-IN_COLLECTIVE = stack_of(
-    ("/v/lib/python3.11/site-packages/tensorflow/python/eager/execute.py", 53, "quick_execute"),
-    ("/home/u/train.py", 30, "<module>"))
-WAITING = stack_of(("/usr/lib/python3.11/threading.py", 320, "wait"),
-                   ("/home/u/train.py", 14, "wait_for_data"), ("/home/u/train.py", 40, "<module>"))
-
-
-def states(**alive):
-    return {label.replace("_", ":"): TaskStatus(alive=up, exit=None if up else 0,
-                                                state="running" if up else "exited")
-            for label, up in alive.items()}
-
 
 def test_a_collective_waits_for_the_worker_stuck_outside_tensorflow():
     cluster = cluster_of(ps=0, workers=3)
@@ -279,25 +257,11 @@ def test_a_collective_aborted_by_tensorflow_names_the_worker_that_left():
 
 # ---------------------------------------------------------------- the controller's follower
 
-class StallingLink(FakeLink):
-    """worker-1 stalls as soon as it is watched; the stacks say where."""
-
-    def send(self, msg):
-        if isinstance(msg, stall.WatchStalls):
-            self.watched = msg
-            self.emit(stall.Stalled(name="worker-1", seconds=3.2, cpu=0.01))
-
-    def request(self, msg, timeout, what="", collect=None):
-        if isinstance(msg, stall.TakeStacks):
-            return P.Report(report={"stacks": {"worker-0": IN_COLLECTIVE, "worker-1": WAITING}})
-        return super().request(msg, timeout, what, collect)
-
-
 @pytest.fixture
 def stalling(monkeypatch):
     """Fake hosts whose worker-1 stalls at once; the stacks are taken without waiting for other
     stalls to come in (the real launches wait)."""
-    monkeypatch.setattr("test_launcher_unit.FakeLink", StallingLink)
+    monkeypatch.setattr("support.fakehosts.FakeLink", StallingLink)
     monkeypatch.setattr(StallFollower, "settle_seconds", lambda self: 0.1)
 
 
@@ -333,7 +297,7 @@ class WaitingLink(StallingLink):
 
 def test_a_task_repeating_the_createsession_wait_stalls_and_on_stall_stop_ends_the_run(
         tmp_path, stalling, monkeypatch):
-    monkeypatch.setattr("test_launcher_unit.FakeLink", WaitingLink)
+    monkeypatch.setattr("support.fakehosts.FakeLink", WaitingLink)
     outcome, record, console, _ = run(tmp_path, cluster_of(ps=1, workers=2), {},
                                       stall_after=0.5, on_stall="stop")
     assert isinstance(outcome, RunStalled), console
@@ -363,7 +327,7 @@ def test_stall_flags_refuse_bad_values(tmp_path, capsys, args, message):
 
 
 def test_stacks_of_an_ended_run_is_refused(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("test_launcher_unit.FakeLink", FakeLink)
+    monkeypatch.setattr("support.fakehosts.FakeLink", FakeLink)
     run(tmp_path, cluster_of(ps=1, workers=1), {"worker-0": [0]})
     assert run_record(str(tmp_path / "runs"), "r")["state"] == "succeeded"
     code, _, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), "stacks", "r")

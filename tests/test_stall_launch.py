@@ -16,7 +16,8 @@ import pytest
 
 from support import REPO
 from support.cli import assert_run_clean, run_record, tfcluster
-from support.procs import wait_for
+from support.procs import processes_of_run, wait_for
+from support.ssh import ssh_inventory
 
 pytestmark = pytest.mark.slow
 
@@ -182,7 +183,6 @@ def test_stacks_on_demand_then_a_stopped_worker_on_the_test_hosts(testhosts, tmp
     """Over SSH: a healthy run is never called stalled (its ps idles, its workers print) and
     `tfcluster stacks` brings every task's stacks from its host; a worker stopped with SIGSTOP
     is stalled, named as stopped, and no longer stalled once continued."""
-    from test_ssh import processes_of_run, ssh_inventory
     inventory = ssh_inventory(testhosts, tmp_path)
     runs_dir = str(tmp_path / "runs")
     launcher = Launcher(runs_dir, "--cmd", STALL_TASK, "-i", inventory, "--run-id", "hang",

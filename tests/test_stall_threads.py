@@ -7,8 +7,8 @@ import os
 import pytest
 
 from support import REPO
-from test_launcher_unit import cluster_of
-from test_stall import IN_COLLECTIVE, WAITING, states
+from support.fakehosts import cluster_of
+from support.task_output import IN_COLLECTIVE, WAITING, states
 from tfcluster.diagnosis import stacks as diagnose
 
 SAMPLES = os.path.join(REPO, "tests", "data", "stacks")

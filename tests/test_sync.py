@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from support import REPO
-from support.cli import run_record, tfcluster
-from test_cli import run_cli as run
+from support.cli import run_cli as run, run_record, tfcluster
+from support.ssh import ssh_inventory
 from tfcluster.spec import catalog
 from tfcluster.data import fetch as datafetch
 from tfcluster.runs import record
@@ -179,8 +179,7 @@ def test_a_host_without_the_deploy_is_told_to_deploy(tmp_path, capsys, controlle
 
 
 def ssh_hosts_inventory(testhosts, tmp_path):
-    """test_ssh's 3 test hosts with tfcluster_root in each host's own /opt: code there is per host."""
-    from test_ssh import ssh_inventory
+    """ssh_inventory's 3 test hosts with tfcluster_root in each host's own /opt: code there is per host."""
     path = ssh_inventory(testhosts, tmp_path)
     root = "/opt/tfc-sync/%s" % tmp_path.name
     text = open(path).read()

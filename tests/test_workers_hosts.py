@@ -16,7 +16,7 @@ from support.ansible_run import Ansible, explain
 from support.cli import assert_run_clean, run_record, tfcluster
 from support.locks import ready_wheelhouse
 from support.rootstep import remove_root_step, root_step_state
-from test_ssh import processes_of_run
+from support.procs import processes_of_run
 from tfcluster.hosts.inventory import read_slots
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.timeout(1800)]  # a first deploy

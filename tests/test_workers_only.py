@@ -6,7 +6,6 @@ import os
 import re
 import sys
 
-
 from support import REPO
 from support.cli import tfcluster
 from tfcluster.cli import main as cli

@@ -1,13 +1,16 @@
 """The CLI as a user runs it, the local inventories it runs on, and what a run must leave."""
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 from support import REPO
 from support.ports import free_port_block, port_free
-from support.procs import pid_alive
+from support.procs import pid_alive, wait_for
 
 
 def local_inventory_text(workdir, port_base=None, ps=2, workers=3, chief=1, extra=""):
@@ -101,3 +104,50 @@ def assert_run_clean(record):
             assert not pid_alive(task["pid"]), "%s (pid %s) still running" % (label, task["pid"])
         if task.get("port"):
             assert port_free(task["port"]), "%s port %s still busy" % (label, task["port"])
+
+
+def run_cli(capsys, *argv):
+    """tfcluster in this process (fast): (exit code, stdout, stderr)."""
+    from tfcluster.cli import main as cli
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exit_:  # argparse's errors
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_usage_error(code, err, message):
+    assert code == 2, err
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+class Launch:
+    """`tfcluster launch` in the background, its output lines collected as they come."""
+
+    def __init__(self, runs_dir, *args, env=None):
+        argv = [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", *args]
+        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     env=dict(os.environ, **(env or {})))
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout))
+        self.reader.start()
+
+    def line(self, pattern, timeout, what):
+        """The first output line matching PATTERN, waited for."""
+        def found():
+            return next((line for line in list(self.lines) if re.search(pattern, line)), None)
+        return wait_for(found, timeout, what, interval=0.2)
+
+    def end(self, timeout=90):
+        self.proc.wait(timeout)
+        self.reader.join(10)
+        return "".join(self.lines)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self.end()

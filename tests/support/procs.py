@@ -53,3 +53,17 @@ def wait_for(condition, timeout, what, interval=0.1):
             return value
         time.sleep(interval)
     raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+
+
+def processes_of_run(run_id):
+    """Pids whose environment names RUN_ID: a run's tasks and every child they started."""
+    marker = ("TFCLUSTER_RUN_ID=%s" % run_id).encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as handle:
+                if marker in handle.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
