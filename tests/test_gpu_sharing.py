@@ -827,3 +827,24 @@ def test_held_claims_are_touched_for_tmp_cleaners(fake_gpus):
         assert os.stat(path).st_mtime > time.time() - 3600
     finally:
         claims.release()
+
+
+def test_a_claims_folder_another_run_is_still_making_is_waited_for(tmp_path, monkeypatch):
+    """mkdir, then chmod: a second run that finds the folder in between waits for the sticky
+    bit instead of calling it planted; a folder that never gets the bit is still refused."""
+    import threading
+    claims = tmp_path / "claims"
+    monkeypatch.setattr(gpuclaims, "CLAIMS_DIR", str(claims))
+    claims.mkdir(mode=0o700)
+    later = threading.Timer(0.2, os.chmod, (claims, 0o1777))
+    later.start()
+    try:
+        assert gpuclaims.shared_dir() == str(claims)
+    finally:
+        later.cancel()
+    assert os.stat(claims).st_mode & stat.S_ISVTX
+    plain = tmp_path / "plain"
+    plain.mkdir(mode=0o700)
+    monkeypatch.setattr(gpuclaims, "CLAIMS_DIR", str(plain))
+    with pytest.raises(OSError, match="is not a sticky folder: remove it"):
+        gpuclaims.shared_dir()

@@ -50,10 +50,24 @@ def shared_dir(*parts):
             os.mkdir(path, 0o700)
             os.chmod(path, 0o1777)  # after mkdir: the umask must not narrow it
         except FileExistsError:
-            found = os.lstat(path)
-            if not stat.S_ISDIR(found.st_mode) or not found.st_mode & stat.S_ISVTX:
+            if not sticky_folder(path):
                 raise OSError(errno.EPERM, "%s is not a sticky folder: remove it" % path)
     return path
+
+
+def sticky_folder(path, settle=1.0):
+    """True when PATH is a sticky folder. A folder without the bit may be one another run has
+    just made and not yet chmod'ed (mkdir, then chmod): it gets SETTLE seconds to become one."""
+    deadline = time.monotonic() + settle
+    while True:
+        found = os.lstat(path)
+        if not stat.S_ISDIR(found.st_mode):
+            return False
+        if found.st_mode & stat.S_ISVTX:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
 
 
 def open_shared(path):
