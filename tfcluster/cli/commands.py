@@ -231,9 +231,13 @@ def cmd_stacks(args):
     return manage.stacks(args.runs_dir, args.run)
 
 
+def cmd_profile(args):
+    return manage.profile(args.runs_dir, args.run, args.duration, args.tasks)
+
+
 # The commands that read an inventory or start agents: tfcluster_agent/cachedir.py.
 CACHING = {"launch", "spec", "check", "gpus", "sync", "deploy", "status", "logs", "stop", "drain",
-           "stacks"}
+           "stacks", "profile"}
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
             "sync": cmd_sync, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "drain": cmd_drain,
@@ -241,4 +245,4 @@ COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": 
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
             "deploy": cmd_module, "init": cmd_module, "wheelhouse": cmd_module,
             "diff": cmd_module, "rerun": cmd_module,
-            "stacks": cmd_stacks}
+            "stacks": cmd_stacks, "profile": cmd_profile}

@@ -1,0 +1,138 @@
+"""TensorFlow's profiler across a run: `tfcluster profile RUN` and `launch --profile-at STEP`.
+
+Each machine's agent starts a profiler server in its tasks (tfcluster_agent/profiler.py, through
+the hook every task's Python loads); then the agent of one machine, the first task's, traces
+them all at once and sends the files back into runs/ID/profile/, the folder `tfcluster
+tensorboard RUN` serves to the profile plugin. A task that cannot be traced is named, with why.
+"""
+import base64
+import os
+import time
+
+from tfcluster.errors import UsageError
+from tfcluster.runs.store import host_run_dir
+
+DEFAULT_DURATION = 2.0
+MAX_DURATION = 600.0
+START_TIMEOUT = 60.0
+
+
+def parse_tasks(text, cluster):
+    """The cluster's tasks named by `job:i,job:i` (None or "": all); UsageError for others."""
+    if not text:
+        return list(cluster.tasks)
+    by_label = {t.label: t for t in cluster.tasks}
+    chosen = []
+    for label in (part.strip() for part in text.split(",")):
+        if label not in by_label:
+            raise UsageError("--tasks: this run has no task %r; its tasks are %s" % (
+                label, ", ".join(by_label)))
+        if by_label[label] not in chosen:
+            chosen.append(by_label[label])
+    return chosen
+
+
+def check_duration(seconds):
+    if not 0 < seconds <= MAX_DURATION:
+        raise UsageError("--duration %g is out of range: give 0.1 to %g seconds"
+                         % (seconds, MAX_DURATION))
+    return seconds
+
+
+class Profile:
+    """One trace's outcome: FOLDER (in the run record), TRACED {label: file}, and PROBLEMS
+    {label: why it has no trace}."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.traced = {}
+        self.problems = {}
+
+
+def start_servers(hosts, tasks, run_id):
+    """({label: "host:port" of its profiler server}, {label: why none})."""
+    from tfcluster_agent.profiler import StartProfilers
+    machines = {}
+    for task in tasks:
+        if task.port:
+            machines.setdefault(task.machine.key, (task.machine, []))[1].append(task)
+
+    def start(link):
+        mine = machines[link.machine.key][1]
+        return link.request(StartProfilers(run_dir=host_run_dir(link.machine, run_id),
+                                           ports={t.name: t.port for t in mine}),
+                            timeout=START_TIMEOUT, what="to start the profilers").report
+
+    outcomes = hosts.each(start, [m for m, _ in machines.values()], timeout=START_TIMEOUT + 10)
+    servers, problems = {}, {}
+    for task in tasks:
+        if not task.port:
+            problems[task.label] = "it runs no TensorFlow server"
+            continue
+        if task.machine.key in outcomes.failed:
+            problems[task.label] = outcomes.failed[task.machine.key].reason
+            continue
+        answer = outcomes.succeeded[task.machine.key]["profilers"].get(task.name) or {}
+        if "port" in answer:
+            servers[task.label] = "%s:%d" % (task.machine.tf_host, answer["port"])
+        else:
+            problems[task.label] = answer.get("error") or "its agent did not answer for it"
+    return servers, problems
+
+
+def trace_file_task(path, servers):
+    """The label whose server wrote the trace file PATH (TensorFlow names it HOST_PORT.*)."""
+    base = os.path.basename(path)
+    for label, address in servers.items():
+        host, _, port = address.rpartition(":")
+        if base.startswith("%s_%s." % (host, port)):
+            return label
+    return None
+
+
+def take_profile(hosts, tasks, run_id, record_dir, duration):
+    """Start the servers, trace them all for DURATION seconds, keep the files: a Profile."""
+    from tfcluster_agent.profiler import TraceProfile
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    profile = Profile(os.path.join(record_dir, "profile", stamp))
+    servers, profile.problems = start_servers(hosts, tasks, run_id)
+    if not servers:
+        return profile
+    by_label = {t.label: t for t in tasks}
+    tracer = by_label[next(iter(servers))].machine
+    link = hosts.link(tracer)
+    timeout = duration + 240  # the client's TensorFlow import, and the files' way back
+    try:
+        answer = link.request(TraceProfile(
+            run_dir=host_run_dir(tracer, run_id), python=tracer.python,
+            addresses=list(servers.values()), duration_ms=int(duration * 1000), stamp=stamp),
+            timeout=timeout, what="to send the trace").report
+    except Exception as err:  # the one trace is lost: every task says why
+        for label in servers:
+            profile.problems[label] = "the trace from %s failed: %s" % (tracer.label, err)
+        return profile
+    for relpath, data in answer.get("files", {}).items():
+        parts = relpath.split("/")
+        if ".." in parts or parts[:2] != ["profile", stamp]:
+            continue  # only the files of this trace, inside its folder
+        path = os.path.join(record_dir, *parts)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+            out.write(base64.b64decode(data))
+        label = trace_file_task(path, servers)
+        if label is not None and path.endswith(".xplane.pb"):
+            profile.traced[label] = path
+    for label in servers:
+        if label not in profile.traced:
+            profile.problems[label] = answer.get("error") or "its server sent no trace"
+    return profile
+
+
+def report_profile(reporter, profile, tasks):
+    """One line for the traces' folder, one per task that has none, with why."""
+    if profile.traced:
+        reporter.note("profile of %d task(s) in %s (`tfcluster tensorboard` shows it)"
+                      % (len(profile.traced), profile.folder))
+    for task in tasks:
+        if task.label in profile.problems:
+            reporter.note("%s: not traced: %s" % (task.label, profile.problems[task.label]))
