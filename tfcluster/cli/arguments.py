@@ -2,7 +2,7 @@
 import argparse
 
 import tfcluster
-from tfcluster.cli.parse import (Commands, Parser, count, run_id, seconds, stall_seconds,
+from tfcluster.cli.parse import (Commands, Parser, count, run_id, seconds, stall_seconds, step,
                                  threads)
 from tfcluster.diagnosis.stall import DEFAULT_STALL_AFTER
 from tfcluster.lazy import lazy
@@ -147,7 +147,7 @@ def build_parser(only=None):
     launch.add_argument("--straggler-after", type=seconds, default=30.0, metavar="S",
                         help="mark a worker whose step rate stays under half its peers' median "
                              "for S seconds (default 30)")
-    launch.add_argument("--profile-at", type=count, metavar="STEP",
+    launch.add_argument("--profile-at", type=step, metavar="STEP",
                         help="once a task reports step STEP, trace every task with TensorFlow's "
                              "profiler (as `tfcluster profile`) into the run's profile/ folder")
     p = sub.add_parser("stacks", help="every Python thread's stack of every task of a run")

@@ -136,3 +136,44 @@ def report_profile(reporter, profile, tasks):
     for task in tasks:
         if task.label in profile.problems:
             reporter.note("%s: not traced: %s" % (task.label, profile.problems[task.label]))
+
+
+class ProfileAt:
+    """`launch --profile-at STEP`: one trace of every task, once a task reported STEP. It is
+    taken in a thread, over agent links of its own (the launch's links carry the run's events
+    and their requests' replies), so the launch goes on following the run meanwhile."""
+
+    def __init__(self, step, cluster, run_id, record_dir, reporter,
+                 duration=DEFAULT_DURATION):
+        self.step, self.cluster, self.run_id = step, cluster, run_id
+        self.record_dir, self.reporter, self.duration = record_dir, reporter, duration
+        self.thread = None
+
+    def poll(self, latest):
+        """LATEST: {label: its newest metrics point}; starts the trace at the step."""
+        if self.thread is not None or self.step is None:
+            return
+        steps = [p.get("step") for p in latest.values() if isinstance(p.get("step"), int)]
+        if not steps or max(steps) < self.step:
+            return
+        import threading
+        self.reporter.note("step %d reached: tracing every task for %gs (--profile-at)"
+                           % (max(steps), self.duration))
+        self.thread = threading.Thread(target=self._take, daemon=True)
+        self.thread.start()
+
+    def _take(self):
+        from tfcluster.hosts.fanout import Hosts
+        tasks = list(self.cluster.tasks)
+        try:
+            with Hosts([m for m, _ in self.cluster.machines()]) as hosts:
+                taken = take_profile(hosts, tasks, self.run_id, self.record_dir, self.duration)
+        except Exception as err:  # the run goes on without its profile
+            self.reporter.note("--profile-at: no profile: %s" % err)
+            return
+        report_profile(self.reporter, taken, tasks)
+
+    def wait(self, seconds):
+        """Let a trace under way finish (the run's end stops its tasks: it would fail)."""
+        if self.thread is not None:
+            self.thread.join(seconds)
