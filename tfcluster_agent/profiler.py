@@ -172,9 +172,9 @@ def trace(msg, code_root):
     os.makedirs(out, mode=0o700, exist_ok=True)
     script = os.path.join(code_root, "tfcluster_agent", "profiletrace.py")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    # Nice: the client's TensorFlow import must not take the cores the traced tasks train on.
+    # Nice: the client must not take the cores the traced tasks train on.
     proc = subprocess.run(
-        ["nice", "-n", "19", msg.python, script, ",".join(msg.addresses), out,
+        ["nice", "-n", "10", msg.python, script, ",".join(msg.addresses), out,
          str(int(msg.duration_ms))], env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         timeout=msg.duration_ms / 1000.0 + 180)

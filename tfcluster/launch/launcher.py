@@ -156,6 +156,7 @@ class Launch:
             for line in rerun_warnings(rerun_of, self.record):
                 self.reporter.note("warning: " + line)
         self.metrics = MetricsStore(self.record.dir)
+        self.profile_at = None
         self.monitor = Monitor(self.hosts, self.cluster, self.record.dir, self.reporter,
                                metrics=self.metrics)
         self.monitor.diagnosis.configure(reports, options.straggler_after)
@@ -188,6 +189,8 @@ class Launch:
                                  drain=self._drain())
             self.metrics.close()
             write_run_svg(self.record.dir, self.metrics, self.reporter)
+            if self.profile_at is not None:
+                self.profile_at.finish()
         if crash is not None:
             raise crash
         if outcome is not None:
@@ -308,8 +311,8 @@ class Launch:
         ps_tasks = cluster.job_tasks("ps")
         policy_met_at = None
         pids_recorded = False
-        profile_at = ProfileAt(options.profile_at, cluster, self.run_id, self.record.dir,
-                               self.reporter)
+        profile_at = self.profile_at = ProfileAt(options.profile_at, cluster, self.run_id,
+                                                 self.record.dir, self.reporter)
         while True:
             monitor.pump(WAKE_SECONDS)
             profile_at.poll(self.metrics.latest())

@@ -174,6 +174,16 @@ class ProfileAt:
         report_profile(self.reporter, taken, tasks)
 
     def wait(self, seconds):
-        """Let a trace under way finish (the run's end stops its tasks: it would fail)."""
         if self.thread is not None:
             self.thread.join(seconds)
+
+    def finish(self):
+        """At the run's end: say when the step never came or the trace was still under way."""
+        if self.step is None:
+            return
+        if self.thread is None:
+            self.reporter.note("--profile-at %d: no task reported that step; no profile taken"
+                               % self.step)
+        elif self.thread.is_alive():
+            self.reporter.note("--profile-at %d: the run ended before its trace was taken"
+                               % self.step)
