@@ -6,11 +6,12 @@ them all at once and sends the files back into runs/ID/profile/, the folder `tfc
 tensorboard RUN` serves to the profile plugin. A task that cannot be traced is named, with why.
 """
 import base64
+import json
 import os
 import time
 
 from tfcluster.errors import UsageError
-from tfcluster.runs.store import host_run_dir
+from tfcluster.runs.store import host_run_dir, write_private
 
 DEFAULT_DURATION = 2.0
 MAX_DURATION = 600.0
@@ -97,6 +98,7 @@ def take_profile(hosts, tasks, run_id, record_dir, duration):
     profile = Profile(os.path.join(record_dir, "profile", stamp))
     servers, profile.problems = start_servers(hosts, tasks, run_id)
     if not servers:
+        write_index(profile, servers)
         return profile
     by_label = {t.label: t for t in tasks}
     tracer = by_label[next(iter(servers))].machine
@@ -110,6 +112,7 @@ def take_profile(hosts, tasks, run_id, record_dir, duration):
     except Exception as err:  # the one trace is lost: every task says why
         for label in servers:
             profile.problems[label] = "the trace from %s failed: %s" % (tracer.label, err)
+        write_index(profile, servers)
         return profile
     for relpath, data in answer.get("files", {}).items():
         parts = relpath.split("/")
@@ -125,7 +128,25 @@ def take_profile(hosts, tasks, run_id, record_dir, duration):
     for label in servers:
         if label not in profile.traced:
             profile.problems[label] = answer.get("error") or "its server sent no trace"
+    write_index(profile, servers)
     return profile
+
+
+INDEX = "tasks.json"
+
+
+def write_index(profile, servers):
+    """PROFILE's folder/tasks.json: each task's profiler server and trace file, or why none."""
+    index = {}
+    for label in sorted(set(servers) | set(profile.traced) | set(profile.problems)):
+        entry = {"server": servers.get(label)}
+        if label in profile.traced:
+            entry["trace"] = os.path.relpath(profile.traced[label], profile.folder)
+        else:
+            entry["problem"] = profile.problems.get(label)
+        index[label] = entry
+    os.makedirs(profile.folder, exist_ok=True)
+    write_private(os.path.join(profile.folder, INDEX), json.dumps(index, indent=1) + "\n")
 
 
 def report_profile(reporter, profile, tasks):

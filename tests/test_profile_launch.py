@@ -1,0 +1,160 @@
+"""tfcluster profile on real runs on this machine: a 1 ps + 2 worker mnist_replica run (TF1
+sessions) and a ParameterServerStrategy run (ClusterCoordinator loop) are traced, every task's
+trace holds its step events, --profile-at takes one trace by itself, ten profiles in a row leave
+the run training, and the step rate during a trace is measured against the rate before it."""
+import collections
+import glob
+import importlib.util
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from support.cli import assert_run_clean, local_inventory_text, run_record, tfcluster
+from test_stall_launch import Launcher
+
+pytestmark = pytest.mark.slow
+
+# The events one step leaves in a task's trace: a TF1 session's RunGraph (workers and ps), a
+# tf.function step on the coordinator, the functions the coordinator and the ps run remotely.
+STEP_EVENTS = ("RunGraph", "SessionRun", "train_step", "FunctionRun",
+               "KernelAndDeviceFunc::RunAsync")
+PROFILES = 10
+DURATION = 3.0
+
+
+def xplane_module():
+    """TensorFlow's XSpace protobuf module, loaded alone (no TensorFlow import)."""
+    spec = importlib.util.find_spec("tensorflow")
+    path = os.path.join(os.path.dirname(spec.origin), "tsl", "profiler", "protobuf",
+                        "xplane_pb2.py")
+    module_spec = importlib.util.spec_from_file_location("tfcluster_test_xplane_pb2", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def step_events(path, xplane=None):
+    """{event name: count} of the step events in the trace file PATH."""
+    xplane = xplane or xplane_module()
+    space = xplane.XSpace()
+    with open(path, "rb") as handle:
+        space.ParseFromString(handle.read())
+    found = collections.Counter()
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if name in STEP_EVENTS:
+                    found[name] += 1
+    return found
+
+
+def traces_of(output):
+    """{label: its trace file} of the profile a `tfcluster profile` printed (its tasks.json)."""
+    folder = re.search(r"profile of \d+ task\(s\) in (\S+) ", output).group(1)
+    with open(os.path.join(folder, "tasks.json")) as handle:
+        index = json.load(handle)
+    files = glob.glob(os.path.join(folder, "plugins", "profile", "*", "*.xplane.pb"))
+    traced = {label: os.path.join(folder, entry["trace"]) for label, entry in index.items()
+              if entry.get("trace")}
+    assert sorted(traced.values()) == sorted(files), (index, files)
+    return traced
+
+
+def steps_at(runs_dir, run_id, label):
+    """[(time, step)] of LABEL's metric points so far."""
+    points = []
+    with open(os.path.join(runs_dir, run_id, "metrics.jsonl")) as handle:
+        for line in handle:
+            point = json.loads(line)
+            if point.get("task") == label and isinstance(point.get("step"), int):
+                points.append((point["time"], point["step"]))
+    return points
+
+
+def rate(points, start, end):
+    """Steps per second between the last point before START and the first after END."""
+    before = [p for p in points if p[0] <= start]
+    after = [p for p in points if p[0] >= end]
+    if not before or not after:
+        return None
+    (t0, s0), (t1, s1) = before[-1], after[0]
+    return (s1 - s0) / (t1 - t0)
+
+
+def launch_and_profile(tmp_path, example, counts, profile_at, run_id):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(local_inventory_text(str(tmp_path / "work"), **counts))
+    runs_dir = str(tmp_path / "runs")
+    launcher = Launcher(runs_dir, example, "-i", str(inventory), "--smoke", "--run-id", run_id,
+                        "--profile-at", str(profile_at), "--",
+                        "--train_steps=10000000", "--log_every=20")
+    return launcher, runs_dir
+
+
+def assert_every_task_traced(record, output, xplane):
+    """Every task of RECORD has a trace with step events in the profile OUTPUT names."""
+    traced = traces_of(output)
+    assert sorted(traced) == sorted(record["tasks"]), output
+    for label, path in traced.items():
+        assert sum(step_events(path, xplane).values()) > 0, (label, path)
+
+
+@pytest.mark.timeout(900)
+def test_profile_a_tf1_replica_run_ten_times_and_measure_its_rate(tmp_path):
+    launcher, runs_dir = launch_and_profile(tmp_path, "mnist_replica",
+                                            dict(ps=1, workers=2, chief=0), 200, "tf1")
+    xplane = xplane_module()
+    try:
+        launcher.when(r"tfcluster: profile of 3 task\(s\) in ", 300)  # --profile-at 200
+        record = run_record(runs_dir, "tf1")
+        assert_every_task_traced(record, launcher.text(), xplane)
+        rates = []
+        for attempt in range(PROFILES):
+            time.sleep(5)  # a window of training without a trace: the rate to compare with
+            start = time.time()
+            done = tfcluster("profile", "tf1", "--duration", str(DURATION), runs_dir=runs_dir,
+                             check=0, timeout=120)
+            end = time.time()
+            assert_every_task_traced(record, done.stdout + done.stderr, xplane)
+            launcher.when(r"\[worker:0 .*\] step \d+", 60, after=time.monotonic())
+            points = steps_at(runs_dir, "tf1", "worker:0")
+            rates.append((rate(points, start - 5, start), rate(points, start, end)))
+        # Ten traces and the run still trains: worker:0 reports new steps after the last.
+        launcher.when(r"\[worker:0 .*\] step \d+", 60, after=time.monotonic())
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert_run_clean(run_record(runs_dir, "tf1"))
+    pairs = [(a, b) for a, b in rates if a and b]
+    assert len(pairs) >= PROFILES // 2, rates
+    before = sorted(a for a, _ in pairs)[len(pairs) // 2]
+    during = sorted(b for _, b in pairs)[len(pairs) // 2]
+    print("mnist_replica worker:0 steps/s, median of %d: %.1f without a trace, %.1f with one "
+          "(%.1f%% less)" % (len(pairs), before, during, 100 * (1 - during / before)))
+    assert during >= 0.9 * before, rates
+
+
+@pytest.mark.timeout(600)
+def test_profile_a_parameter_server_strategy_run(tmp_path):
+    launcher, runs_dir = launch_and_profile(tmp_path, "ps_strategy",
+                                            dict(ps=2, workers=2, chief=1), 200, "pss")
+    xplane = xplane_module()
+    try:
+        launcher.when(r"tfcluster: profile of 5 task\(s\) in ", 300)
+        record = run_record(runs_dir, "pss")
+        assert_every_task_traced(record, launcher.text(), xplane)
+        done = tfcluster("profile", "pss", "--duration", "1", "--tasks", "chief:0,ps:1",
+                         runs_dir=runs_dir, check=0, timeout=120)
+        assert sorted(traces_of(done.stdout + done.stderr)) == ["chief:0", "ps:1"]
+        launcher.when(r"\[chief:0 .*\] step \d+", 60, after=time.monotonic())
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert_run_clean(run_record(runs_dir, "pss"))
