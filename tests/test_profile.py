@@ -174,3 +174,13 @@ def test_profile_at_starts_one_trace_at_its_step(monkeypatch):
     assert taken == ["step 21 reached: tracing every task for 2s (--profile-at)", 20]
     profiling.ProfileAt(None, cluster_of(), "r", "/runs/r", Reporter()).poll({"w": {"step": 9}})
     assert len(taken) == 2
+
+
+def test_tensorboard_serves_a_runs_profiles_beside_its_event_files(tmp_path):
+    from tfcluster.view import tensorboard
+    traced, both = tmp_path / "a", tmp_path / "b"
+    (traced / "profile" / "20261128-095606").mkdir(parents=True)
+    (both / "tensorboard" / "worker-0").mkdir(parents=True)
+    (both / "profile").mkdir()
+    assert tensorboard.logdir_spec([str(traced), str(both)]) == \
+        "a-profile:{0}/profile,b:{1}/tensorboard,b-profile:{1}/profile".format(traced, both)

@@ -1,7 +1,9 @@
 """`tfcluster tensorboard RUN...`: serve the runs' collected event files with TensorBoard.
 
 The launcher copies each host's `tensorboard/<task>/` folder into `runs/<id>/tensorboard/<task>/`;
-with several runs, each gets its own name in TensorBoard (`--logdir_spec id:path,...`).
+with several runs, each gets its own name in TensorBoard (`--logdir_spec id:path,...`). A run's
+profiles (`tfcluster profile`, `runs/<id>/profile/<time>/plugins/profile/`) are served beside
+them as `<id>-profile`, for the profile plugin (the viz extra installs it).
 """
 import importlib.util
 import os
@@ -18,13 +20,19 @@ def logdir_spec(run_dirs):
     for run_dir in run_dirs:
         run_id = os.path.basename(os.path.normpath(run_dir))
         path = os.path.abspath(os.path.join(run_dir, "tensorboard"))
-        if not os.path.isdir(path):
+        profiles = os.path.abspath(os.path.join(run_dir, "profile"))
+        found = [(name, folder) for name, folder in ((run_id, path),
+                                                      (run_id + "-profile", profiles))
+                 if os.path.isdir(folder)]
+        if not found:
             raise UsageError("run %s has no tensorboard folder (%s): its trainers wrote no "
-                             "event files" % (run_id, path))
-        if "," in path:
-            raise UsageError("cannot serve %s: TensorBoard's --logdir_spec does not allow ',' "
-                             "in a path" % path)
-        parts.append("%s:%s" % (run_id, path))
+                             "event files, and it has no profile (`tfcluster profile`)"
+                             % (run_id, path))
+        for name, folder in found:
+            if "," in folder:
+                raise UsageError("cannot serve %s: TensorBoard's --logdir_spec does not allow "
+                                 "',' in a path" % folder)
+            parts.append("%s:%s" % (name, folder))
     return ",".join(parts)
 
 
