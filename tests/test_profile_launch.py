@@ -118,8 +118,9 @@ def test_profile_a_tf1_replica_run_ten_times_and_measure_its_rate(tmp_path):
             time.sleep(5)  # a window of training without a trace: the rate to compare with
             start = time.time()
             done = tfcluster("profile", "tf1", "--duration", str(DURATION), runs_dir=runs_dir,
-                             check=0, timeout=120)
+                             timeout=120)
             end = time.time()
+            assert done.returncode == 0, (attempt, done.stderr, launcher.text()[-6000:])
             assert_every_task_traced(record, done.stdout + done.stderr, xplane)
             launcher.when(r"\[worker:0 .*\] step \d+", 60, after=time.monotonic())
             points = steps_at(runs_dir, "tf1", "worker:0")
@@ -150,7 +151,8 @@ def test_profile_a_parameter_server_strategy_run(tmp_path):
         record = run_record(runs_dir, "pss")
         assert_every_task_traced(record, launcher.text(), xplane)
         done = tfcluster("profile", "pss", "--duration", "1", "--tasks", "chief:0,ps:1",
-                         runs_dir=runs_dir, check=0, timeout=120)
+                         runs_dir=runs_dir, timeout=120)
+        assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
         assert sorted(traces_of(done.stdout + done.stderr)) == ["chief:0", "ps:1"]
         launcher.when(r"\[chief:0 .*\] step \d+", 60, after=time.monotonic())
         launcher.proc.send_signal(signal.SIGTERM)
