@@ -176,11 +176,13 @@ def test_profile_at_starts_one_trace_at_its_step(monkeypatch):
     assert len(taken) == 2
 
 
-def test_tensorboard_serves_a_runs_profiles_beside_its_event_files(tmp_path):
+def test_tensorboard_serves_one_run_with_profiles_from_its_folder(tmp_path, monkeypatch):
     from tfcluster.view import tensorboard
-    traced, both = tmp_path / "a", tmp_path / "b"
+    monkeypatch.setattr(tensorboard.importlib.util, "find_spec", lambda name: object())
+    traced, other = tmp_path / "a", tmp_path / "b"
     (traced / "profile" / "20261128-095606").mkdir(parents=True)
-    (both / "tensorboard" / "worker-0").mkdir(parents=True)
-    (both / "profile").mkdir()
-    assert tensorboard.logdir_spec([str(traced), str(both)]) == \
-        "a-profile:{0}/profile,b:{1}/tensorboard,b-profile:{1}/profile".format(traced, both)
+    for run_dir in (traced, other):
+        (run_dir / "tensorboard" / "worker-0").mkdir(parents=True)
+    assert tensorboard.command([str(traced)])[3:5] == ["--logdir", str(traced)]
+    assert tensorboard.command([str(traced), str(other)])[3:5] == [
+        "--logdir_spec", "a:{0}/tensorboard,b:{1}/tensorboard".format(traced, other)]

@@ -1,9 +1,11 @@
 """`tfcluster tensorboard RUN...`: serve the runs' collected event files with TensorBoard.
 
 The launcher copies each host's `tensorboard/<task>/` folder into `runs/<id>/tensorboard/<task>/`;
-with several runs, each gets its own name in TensorBoard (`--logdir_spec id:path,...`). A run's
-profiles (`tfcluster profile`, `runs/<id>/profile/<time>/plugins/profile/`) are served beside
-them as `<id>-profile`, for the profile plugin (the viz extra installs it).
+with several runs, each gets its own name in TensorBoard (`--logdir_spec id:path,...`).
+
+The profile plugin (xprof, in the viz extra) reads only a `--logdir`: one run that has profiles
+(`tfcluster profile`, `runs/<id>/profile/<time>/plugins/profile/`) is served from its folder, its
+event files as `tensorboard/<task>` and its profiles as `profile/<time>`.
 """
 import importlib.util
 import os
@@ -20,19 +22,13 @@ def logdir_spec(run_dirs):
     for run_dir in run_dirs:
         run_id = os.path.basename(os.path.normpath(run_dir))
         path = os.path.abspath(os.path.join(run_dir, "tensorboard"))
-        profiles = os.path.abspath(os.path.join(run_dir, "profile"))
-        found = [(name, folder) for name, folder in ((run_id, path),
-                                                      (run_id + "-profile", profiles))
-                 if os.path.isdir(folder)]
-        if not found:
+        if not os.path.isdir(path):
             raise UsageError("run %s has no tensorboard folder (%s): its trainers wrote no "
-                             "event files, and it has no profile (`tfcluster profile`)"
-                             % (run_id, path))
-        for name, folder in found:
-            if "," in folder:
-                raise UsageError("cannot serve %s: TensorBoard's --logdir_spec does not allow "
-                                 "',' in a path" % folder)
-            parts.append("%s:%s" % (name, folder))
+                             "event files" % (run_id, path))
+        if "," in path:
+            raise UsageError("cannot serve %s: TensorBoard's --logdir_spec does not allow ',' "
+                             "in a path" % path)
+        parts.append("%s:%s" % (run_id, path))
     return ",".join(parts)
 
 
@@ -40,8 +36,11 @@ def command(run_dirs, port=6006, host=None):
     """The TensorBoard command line, after checking that the package is installed."""
     if importlib.util.find_spec("tensorboard") is None:
         raise UsageError("tensorboard is not installed: %s" % INSTALL)
-    argv = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", logdir_spec(run_dirs),
-            "--port", str(port)]
+    if len(run_dirs) == 1 and os.path.isdir(os.path.join(run_dirs[0], "profile")):
+        logdir = ["--logdir", os.path.abspath(run_dirs[0])]
+    else:
+        logdir = ["--logdir_spec", logdir_spec(run_dirs)]
+    argv = [sys.executable, "-m", "tensorboard.main"] + logdir + ["--port", str(port)]
     if host:
         argv += ["--host", host]
     return argv
