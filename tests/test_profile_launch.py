@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 STEP_EVENTS = ("RunGraph", "SessionRun", "train_step", "FunctionRun",
                "KernelAndDeviceFunc::RunAsync")
 PROFILES = 10
-DURATION = 3.0
+DURATION = 4.0
 
 
 def xplane_module():
@@ -53,6 +53,12 @@ def step_events(path, xplane=None):
     return found
 
 
+def index_of(output):
+    folder = re.search(r"profile of \d+ task\(s\) in (\S+) ", output).group(1)
+    with open(os.path.join(folder, "tasks.json")) as handle:
+        return json.load(handle)
+
+
 def traces_of(output):
     """{label: its trace file} of the profile a `tfcluster profile` printed (its tasks.json)."""
     folder = re.search(r"profile of \d+ task\(s\) in (\S+) ", output).group(1)
@@ -77,12 +83,11 @@ def steps_at(runs_dir, run_id, label):
 
 
 def rate(points, start, end):
-    """Steps per second between the last point before START and the first after END."""
-    before = [p for p in points if p[0] <= start]
-    after = [p for p in points if p[0] >= end]
-    if not before or not after:
+    """Steps per second between the first and the last point inside START..END."""
+    inside = [p for p in points if start <= p[0] <= end]
+    if len(inside) < 2 or inside[-1][0] - inside[0][0] < 1.0:
         return None
-    (t0, s0), (t1, s1) = before[-1], after[0]
+    (t0, s0), (t1, s1) = inside[0], inside[-1]
     return (s1 - s0) / (t1 - t0)
 
 
@@ -102,6 +107,7 @@ def assert_every_task_traced(record, output, xplane):
     assert sorted(traced) == sorted(record["tasks"]), output
     for label, path in traced.items():
         assert sum(step_events(path, xplane).values()) > 0, (label, path)
+    return traced
 
 
 @pytest.mark.timeout(900)
@@ -119,12 +125,14 @@ def test_profile_a_tf1_replica_run_ten_times_and_measure_its_rate(tmp_path):
             start = time.time()
             done = tfcluster("profile", "tf1", "--duration", str(DURATION), runs_dir=runs_dir,
                              timeout=120)
-            end = time.time()
             assert done.returncode == 0, (attempt, done.stderr, launcher.text()[-6000:])
             assert_every_task_traced(record, done.stdout + done.stderr, xplane)
+            # The global step's rate (worker:0's points) in the 5 s before, and while traced
+            # (this machine is the tracing host: its clock is ours).
+            first, last = index_of(done.stdout)["worker:0"]["window"]
             launcher.when(r"\[worker:0 .*\] step \d+", 60, after=time.monotonic())
             points = steps_at(runs_dir, "tf1", "worker:0")
-            rates.append((rate(points, start - 5, start), rate(points, start, end)))
+            rates.append((rate(points, start - 5, start), rate(points, first, last)))
         # Ten traces and the run still trains: worker:0 reports new steps after the last.
         launcher.when(r"\[worker:0 .*\] step \d+", 60, after=time.monotonic())
         launcher.proc.send_signal(signal.SIGTERM)
@@ -136,7 +144,7 @@ def test_profile_a_tf1_replica_run_ten_times_and_measure_its_rate(tmp_path):
     assert len(pairs) >= PROFILES // 2, rates
     before = sorted(a for a, _ in pairs)[len(pairs) // 2]
     during = sorted(b for _, b in pairs)[len(pairs) // 2]
-    print("mnist_replica worker:0 steps/s, median of %d: %.1f without a trace, %.1f with one "
+    print("mnist_replica global steps/s, median of %d: %.1f without a trace, %.1f with one "
           "(%.1f%% less)" % (len(pairs), before, during, 100 * (1 - during / before)))
     assert during >= 0.9 * before, rates
 
@@ -160,3 +168,29 @@ def test_profile_a_parameter_server_strategy_run(tmp_path):
     finally:
         launcher.kill()
     assert_run_clean(run_record(runs_dir, "pss"))
+
+
+@pytest.mark.root
+@pytest.mark.timeout(600)
+def test_profile_a_tf1_replica_run_on_the_test_hosts(testhosts, tmp_path):
+    """Over SSH, each task on a host (a network namespace) of its own: the servers start there,
+    the ps's host traces them all, every task's trace comes back with its step events."""
+    from test_ssh import processes_of_run, ssh_inventory
+    inventory = ssh_inventory(testhosts, tmp_path)
+    runs_dir = str(tmp_path / "runs")
+    launcher = Launcher(runs_dir, "mnist_replica", "-i", inventory, "--smoke", "--run-id",
+                        "hosts", "--", "--train_steps=10000000", "--log_every=20")
+    try:
+        launcher.when(r"\[worker:1 .*\] step [1-9]\d*", 300)
+        done = tfcluster("profile", "hosts", "--duration", "2", runs_dir=runs_dir, timeout=120)
+        assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
+        record = run_record(runs_dir, "hosts")
+        traced = assert_every_task_traced(record, done.stdout + done.stderr, xplane_module())
+        assert {os.path.basename(path).rsplit("_", 1)[0] for path in traced.values()} == \
+            {address for _, address in testhosts.hosts[:3]}
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert_run_clean(run_record(runs_dir, "hosts"))
+    assert processes_of_run("hosts") == []

@@ -42,7 +42,7 @@ class StartProfilers:
 class TraceProfile:
     """Trace the profiler servers at ADDRESSES (host:port) for DURATION_MS at once, with the
     interpreter PYTHON, into RUN_DIR/profile/STAMP; a Report {"files": {path: base64},
-    "error": why or ""}."""
+    "error": why or "", "window": [asked, written] (wall-clock seconds) or None}."""
     kind = "trace_profile"
     run_dir: str
     python: str
@@ -178,11 +178,12 @@ def trace(msg, code_root):
          str(int(msg.duration_ms))], env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         timeout=msg.duration_ms / 1000.0 + 180)
-    error = ""
+    error, window = "", None
+    lines = [line for line in proc.stdout.decode(errors="replace").splitlines() if line.strip()]
     if proc.returncode:
-        lines = [line for line in proc.stdout.decode(errors="replace").splitlines()
-                 if line.strip()]
         error = lines[-1] if lines else "the trace client exited with %d" % proc.returncode
+    elif lines and lines[-1].startswith("window "):
+        window = [float(word) for word in lines[-1].split()[1:3]]
     files = {}
     for root, _, names in os.walk(out):
         for name in sorted(names):
@@ -190,7 +191,7 @@ def trace(msg, code_root):
             with open(path, "rb") as handle:
                 files[os.path.relpath(path, msg.run_dir)] = base64.b64encode(
                     handle.read()).decode()
-    return {"files": files, "error": error}
+    return {"files": files, "error": error, "window": window}
 
 
 def answer(msg, send, code_root):

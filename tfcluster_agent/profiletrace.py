@@ -35,16 +35,21 @@ def profiler_client():
 
 
 def main(argv):
+    import time
     addresses, folder, duration_ms = argv[0], argv[1], int(argv[2])
     client = profiler_client()
+    start = time.time()
     if client is not None:
         # What client.trace passes: the servers, no worker list, dataset ops, the default options.
         client.trace(addresses, folder, "", True, duration_ms, 3, {})
-        return 0
-    import tensorflow as tf
-    tf.profiler.experimental.client.trace(
-        ",".join("grpc://" + a for a in addresses.split(",")), folder, duration_ms,
-        num_tracing_attempts=3)
+    else:
+        import tensorflow as tf
+        start = time.time()
+        tf.profiler.experimental.client.trace(
+            ",".join("grpc://" + a for a in addresses.split(",")), folder, duration_ms,
+            num_tracing_attempts=3)
+    # When the trace was asked for and when the files were written, for the record.
+    print("window %.3f %.3f" % (start, time.time()))
     return 0
 
 

@@ -48,6 +48,7 @@ class Profile:
         self.folder = folder
         self.traced = {}
         self.problems = {}
+        self.window = None  # [asked, written]: the trace's wall-clock seconds on the tracer
 
 
 def start_servers(hosts, tasks, run_id):
@@ -128,6 +129,7 @@ def take_profile(hosts, tasks, run_id, record_dir, duration):
     for label in servers:
         if label not in profile.traced:
             profile.problems[label] = answer.get("error") or "its server sent no trace"
+    profile.window = answer.get("window")
     write_index(profile, servers)
     return profile
 
@@ -136,12 +138,15 @@ INDEX = "tasks.json"
 
 
 def write_index(profile, servers):
-    """PROFILE's folder/tasks.json: each task's profiler server and trace file, or why none."""
+    """PROFILE's folder/tasks.json: each task's profiler server and trace file (with the
+    trace's window: when it was asked for and when the files were written, wall-clock seconds
+    on the tracing host), or why it has none."""
     index = {}
     for label in sorted(set(servers) | set(profile.traced) | set(profile.problems)):
         entry = {"server": servers.get(label)}
         if label in profile.traced:
             entry["trace"] = os.path.relpath(profile.traced[label], profile.folder)
+            entry["window"] = profile.window
         else:
             entry["problem"] = profile.problems.get(label)
         index[label] = entry
