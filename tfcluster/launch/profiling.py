@@ -14,6 +14,7 @@ from tfcluster.errors import UsageError
 from tfcluster.runs.store import host_run_dir, write_private
 
 DEFAULT_DURATION = 2.0
+MIN_DURATION = 0.1
 MAX_DURATION = 600.0
 START_TIMEOUT = 60.0
 
@@ -34,9 +35,9 @@ def parse_tasks(text, cluster):
 
 
 def check_duration(seconds):
-    if not 0 < seconds <= MAX_DURATION:
-        raise UsageError("--duration %g is out of range: give 0.1 to %g seconds"
-                         % (seconds, MAX_DURATION))
+    if not MIN_DURATION <= seconds <= MAX_DURATION:
+        raise UsageError("--duration %g is out of range: give %g to %g seconds"
+                         % (seconds, MIN_DURATION, MAX_DURATION))
     return seconds
 
 
