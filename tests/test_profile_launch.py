@@ -101,6 +101,36 @@ def launch_and_profile(tmp_path, example, counts, profile_at, run_id):
     return launcher, runs_dir
 
 
+def profile_and_measure(launcher, runs_dir, run_id, record, label, count, xplane):
+    """COUNT profiles of every task in a row, each after 5 s without one: [(the global step's
+    rate in those 5 s, its rate while traced)], from LABEL's metric points."""
+    rates = []
+    for attempt in range(count):
+        time.sleep(5)  # a window of training without a trace: the rate to compare with
+        start = time.time()
+        done = tfcluster("profile", run_id, "--duration", str(DURATION), runs_dir=runs_dir,
+                         timeout=120)
+        assert done.returncode == 0, (attempt, done.stderr, launcher.text()[-6000:])
+        assert_every_task_traced(record, done.stdout + done.stderr, xplane)
+        # This machine is the tracing host: the trace's window is on our clock.
+        first, last = index_of(done.stdout)[label]["window"]
+        launcher.when(r"\[%s .*\] step \d+" % label, 60, after=time.monotonic())
+        points = steps_at(runs_dir, run_id, label)
+        rates.append((rate(points, start - 5, start), rate(points, first, last)))
+    return rates
+
+
+def assert_rate_kept(what, rates):
+    """The median rate while traced is at most 10% under the median rate without a trace."""
+    pairs = [(a, b) for a, b in rates if a and b]
+    assert len(pairs) >= (len(rates) + 1) // 2, rates
+    before = sorted(a for a, _ in pairs)[len(pairs) // 2]
+    during = sorted(b for _, b in pairs)[len(pairs) // 2]
+    print("%s global steps/s, median of %d: %.1f without a trace, %.1f with one (%.1f%% less)"
+          % (what, len(pairs), before, during, 100 * (1 - during / before)))
+    assert during >= 0.9 * before, rates
+
+
 def assert_every_task_traced(record, output, xplane):
     """Every task of RECORD has a trace with step events in the profile OUTPUT names."""
     traced = traces_of(output)
@@ -119,20 +149,8 @@ def test_profile_a_tf1_replica_run_ten_times_and_measure_its_rate(tmp_path):
         launcher.when(r"tfcluster: profile of 3 task\(s\) in ", 300)  # --profile-at 200
         record = run_record(runs_dir, "tf1")
         assert_every_task_traced(record, launcher.text(), xplane)
-        rates = []
-        for attempt in range(PROFILES):
-            time.sleep(5)  # a window of training without a trace: the rate to compare with
-            start = time.time()
-            done = tfcluster("profile", "tf1", "--duration", str(DURATION), runs_dir=runs_dir,
-                             timeout=120)
-            assert done.returncode == 0, (attempt, done.stderr, launcher.text()[-6000:])
-            assert_every_task_traced(record, done.stdout + done.stderr, xplane)
-            # The global step's rate (worker:0's points) in the 5 s before, and while traced
-            # (this machine is the tracing host: its clock is ours).
-            first, last = index_of(done.stdout)["worker:0"]["window"]
-            launcher.when(r"\[worker:0 .*\] step \d+", 60, after=time.monotonic())
-            points = steps_at(runs_dir, "tf1", "worker:0")
-            rates.append((rate(points, start - 5, start), rate(points, first, last)))
+        rates = profile_and_measure(launcher, runs_dir, "tf1", record, "worker:0", PROFILES,
+                                    xplane)
         # Ten traces and the run still trains: worker:0 reports new steps after the last.
         launcher.when(r"\[worker:0 .*\] step \d+", 60, after=time.monotonic())
         launcher.proc.send_signal(signal.SIGTERM)
@@ -140,13 +158,7 @@ def test_profile_a_tf1_replica_run_ten_times_and_measure_its_rate(tmp_path):
     finally:
         launcher.kill()
     assert_run_clean(run_record(runs_dir, "tf1"))
-    pairs = [(a, b) for a, b in rates if a and b]
-    assert len(pairs) >= PROFILES // 2, rates
-    before = sorted(a for a, _ in pairs)[len(pairs) // 2]
-    during = sorted(b for _, b in pairs)[len(pairs) // 2]
-    print("mnist_replica global steps/s, median of %d: %.1f without a trace, %.1f with one "
-          "(%.1f%% less)" % (len(pairs), before, during, 100 * (1 - during / before)))
-    assert during >= 0.9 * before, rates
+    assert_rate_kept("mnist_replica", rates)
 
 
 @pytest.mark.timeout(600)
@@ -162,12 +174,14 @@ def test_profile_a_parameter_server_strategy_run(tmp_path):
                          runs_dir=runs_dir, timeout=120)
         assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
         assert sorted(traces_of(done.stdout + done.stderr)) == ["chief:0", "ps:1"]
+        rates = profile_and_measure(launcher, runs_dir, "pss", record, "chief:0", 5, xplane)
         launcher.when(r"\[chief:0 .*\] step \d+", 60, after=time.monotonic())
         launcher.proc.send_signal(signal.SIGTERM)
         launcher.finish(120)
     finally:
         launcher.kill()
     assert_run_clean(run_record(runs_dir, "pss"))
+    assert_rate_kept("ps_strategy", rates)
 
 
 @pytest.mark.root
