@@ -256,7 +256,7 @@ class Agent(ReachRequests, TaskWatching):
         from tfcluster_agent.profiler import answer
         answer(msg, self.send, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    on_trace_profile = on_start_profilers
+    on_trace_profile = on_profile_files = on_start_profilers
 
     def on_collect(self, msg):
         count = 0

@@ -10,7 +10,9 @@ launches off it (their preflight finds it busy). A second profile finds the serv
 
 Tracing: trace runs profiletrace.py with the host's TensorFlow interpreter, which traces every
 listed server at once (tf.profiler.experimental.client.trace) into a folder of the run, and
-answers with the files it wrote.
+answers with the files written there. Each profiler server writes its own trace file on its own
+host, under the folder the client named (TensorFlow's design): the agent of every other host
+sends its files from that folder (ProfileFiles).
 """
 import os
 import subprocess
@@ -49,6 +51,15 @@ class TraceProfile:
     addresses: list
     duration_ms: int
     stamp: str
+
+
+@P.message
+class ProfileFiles:
+    """The trace files this host's profiler servers wrote under FOLDER, a trace's folder inside
+    RUN_DIR/profile/; a Report {"files": {path in the run folder: base64}}."""
+    kind = "profile_files"
+    run_dir: str
+    folder: str
 
 
 def _blocks(pid, signum):
@@ -167,7 +178,6 @@ def start_profilers(run_dir, ports):
 
 def trace(msg, code_root):
     """{"files": {path in the run folder: base64}, "error": ""} of one trace of every server."""
-    import base64
     out = os.path.join(msg.run_dir, "profile", msg.stamp)
     os.makedirs(out, mode=0o700, exist_ok=True)
     script = os.path.join(code_root, "tfcluster_agent", "profiletrace.py")
@@ -184,14 +194,23 @@ def trace(msg, code_root):
         error = lines[-1] if lines else "the trace client exited with %d" % proc.returncode
     elif lines and lines[-1].startswith("window "):
         window = [float(word) for word in lines[-1].split()[1:3]]
+    return {"files": read_files(msg.run_dir, out), "error": error, "window": window}
+
+
+def read_files(run_dir, folder):
+    """{path relative to RUN_DIR: base64} of the files under FOLDER, a trace's folder of the
+    run; ValueError for any other folder."""
+    import base64
+    top = os.path.join(os.path.realpath(run_dir), "profile") + os.sep
+    if not os.path.realpath(folder).startswith(top):
+        raise ValueError("%s is not a trace folder of the run %s" % (folder, run_dir))
     files = {}
-    for root, _, names in os.walk(out):
+    for root, _, names in os.walk(folder):
         for name in sorted(names):
             path = os.path.join(root, name)
             with open(path, "rb") as handle:
-                files[os.path.relpath(path, msg.run_dir)] = base64.b64encode(
-                    handle.read()).decode()
-    return {"files": files, "error": error, "window": window}
+                files[os.path.relpath(path, run_dir)] = base64.b64encode(handle.read()).decode()
+    return files
 
 
 def answer(msg, send, code_root):
@@ -202,6 +221,8 @@ def answer(msg, send, code_root):
         try:
             if msg.kind == StartProfilers.kind:
                 report = {"profilers": start_profilers(msg.run_dir, msg.ports)}
+            elif msg.kind == ProfileFiles.kind:
+                report = {"files": read_files(msg.run_dir, msg.folder)}
             else:
                 report = trace(msg, code_root)
             send(P.Report(report=report))

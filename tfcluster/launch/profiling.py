@@ -116,7 +116,11 @@ def take_profile(hosts, tasks, run_id, record_dir, duration):
             profile.problems[label] = "the trace from %s failed: %s" % (tracer.label, err)
         write_index(profile, servers)
         return profile
-    for relpath, data in answer.get("files", {}).items():
+    files = dict(answer.get("files", {}))
+    where = {}  # label -> why its host's files could not be brought
+    if not answer.get("error"):
+        files.update(other_hosts_files(hosts, tasks, servers, tracer, run_id, stamp, where))
+    for relpath, data in files.items():
         parts = relpath.split("/")
         if ".." in parts or parts[:2] != ["profile", stamp]:
             continue  # only the files of this trace, inside its folder
@@ -127,12 +131,50 @@ def take_profile(hosts, tasks, run_id, record_dir, duration):
         label = trace_file_task(path, servers)
         if label is not None and path.endswith(".xplane.pb"):
             profile.traced[label] = path
+    for label, why in where.items():
+        if label not in profile.traced:
+            profile.problems[label] = why
     for label in servers:
         if label not in profile.traced:
             profile.problems[label] = answer.get("error") or "its server sent no trace"
     profile.window = answer.get("window")
     write_index(profile, servers)
     return profile
+
+
+def other_hosts_files(hosts, tasks, servers, tracer, run_id, stamp, where):
+    """The files each traced host other than TRACER wrote: a profiler server writes its trace
+    on its own host, under the folder the client named (the tracer's). A host whose run folder
+    is elsewhere kept them outside its run folder: WHERE says so for its tasks."""
+    from tfcluster_agent.profiler import ProfileFiles
+    folder = "%s/profile/%s" % (host_run_dir(tracer, run_id), stamp)
+    machines, problems = {}, {}
+    for task in tasks:
+        machine = task.machine
+        if task.label not in servers or machine.key == tracer.key:
+            continue
+        if host_run_dir(machine, run_id) != host_run_dir(tracer, run_id):
+            problems[task.label] = ("its profiler server wrote its trace on %s in %s, outside "
+                                    "the run folder there" % (machine.label, folder))
+            continue
+        machines.setdefault(machine.key, (machine, []))[1].append(task.label)
+
+    def collect(link):
+        return link.request(ProfileFiles(run_dir=host_run_dir(link.machine, run_id),
+                                         folder=folder),
+                            timeout=120, what="to send its trace files").report["files"]
+
+    outcomes = hosts.each(collect, [m for m, _ in machines.values()], timeout=130)
+    files = {}
+    for key, (machine, labels) in machines.items():
+        if key in outcomes.failed:
+            for label in labels:
+                problems[label] = "its trace files did not come from %s: %s" % (
+                    machine.label, outcomes.failed[key].reason)
+        else:
+            files.update(outcomes.succeeded[key])
+    where.update(problems)
+    return files
 
 
 INDEX = "tasks.json"
