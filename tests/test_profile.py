@@ -186,3 +186,15 @@ def test_tensorboard_serves_one_run_with_profiles_from_its_folder(tmp_path, monk
     assert tensorboard.command([str(traced)])[3:5] == ["--logdir", str(traced)]
     assert tensorboard.command([str(traced), str(other)])[3:5] == [
         "--logdir_spec", "a:{0}/tensorboard,b:{1}/tensorboard".format(traced, other)]
+
+
+def test_a_host_sends_only_the_files_of_a_trace_folder_of_its_run(tmp_path):
+    trace = tmp_path / "run" / "profile" / "20261128-101500" / "plugins" / "profile" / "t"
+    trace.mkdir(parents=True)
+    (trace / "10.0.0.2_2272.xplane.pb").write_bytes(b"xspace")
+    files = profiler.read_files(str(tmp_path / "run"), str(tmp_path / "run" / "profile" /
+                                                           "20261128-101500"))
+    assert files == {"profile/20261128-101500/plugins/profile/t/10.0.0.2_2272.xplane.pb":
+                     "eHNwYWNl"}
+    with pytest.raises(ValueError, match="is not a trace folder of the run"):
+        profiler.read_files(str(tmp_path / "run"), str(tmp_path))
