@@ -1,7 +1,8 @@
-"""tfcluster profile on real runs on this machine: a 1 ps + 2 worker mnist_replica run (TF1
-sessions) and a ParameterServerStrategy run (ClusterCoordinator loop) are traced, every task's
-trace holds its step events, --profile-at takes one trace by itself, ten profiles in a row leave
-the run training, and the step rate during a trace is measured against the rate before it."""
+"""tfcluster profile on real runs: a 1 ps + 2 worker mnist_replica run (TF1 sessions), a
+ParameterServerStrategy run (ClusterCoordinator loop) and a MultiWorkerMirroredStrategy run on
+this machine, and the mnist_replica run on the test hosts (root), are traced: every task's trace
+holds its step events, --profile-at takes one trace by itself, ten profiles in a row leave the
+run training, and the step rate during a trace is measured against the rate before it."""
 import collections
 import glob
 import importlib.util
@@ -182,6 +183,20 @@ def test_profile_a_parameter_server_strategy_run(tmp_path):
         launcher.kill()
     assert_run_clean(run_record(runs_dir, "pss"))
     assert_rate_kept("ps_strategy", rates)
+
+
+@pytest.mark.timeout(600)
+def test_profile_at_a_step_of_a_multi_worker_mirrored_run(tmp_path):
+    launcher, runs_dir = launch_and_profile(tmp_path, "multi_worker_mirrored",
+                                            dict(ps=0, workers=2, chief=0), 40, "mwms")
+    try:
+        launcher.when(r"tfcluster: profile of 2 task\(s\) in ", 300)
+        assert_every_task_traced(run_record(runs_dir, "mwms"), launcher.text(), xplane_module())
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert_run_clean(run_record(runs_dir, "mwms"))
 
 
 @pytest.mark.root
