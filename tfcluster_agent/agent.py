@@ -252,6 +252,12 @@ class Agent(ReachRequests, TaskWatching):
         from tfcluster_agent.stall import answer_take_stacks
         answer_take_stacks(msg, self.send)
 
+    def on_start_profilers(self, msg):
+        from tfcluster_agent.profiler import answer
+        answer(msg, self.send, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    on_trace_profile = on_profile_files = on_start_profilers
+
     def on_collect(self, msg):
         count = 0
         for folder in msg.folders if self.run_dir else ():

@@ -139,6 +139,8 @@ def encode(msg):
 # pays nothing for them.
 DEFINED_IN = dict.fromkeys(("watch_stalls", "take_stacks", "stalled", "resumed"),
                            "tfcluster_agent.stall")
+DEFINED_IN.update(dict.fromkeys(("start_profilers", "trace_profile", "profile_files"),
+                                "tfcluster_agent.profiler"))
 
 
 def decode(line):

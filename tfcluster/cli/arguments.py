@@ -2,7 +2,7 @@
 import argparse
 
 import tfcluster
-from tfcluster.cli.parse import (Commands, Parser, count, run_id, seconds, stall_seconds,
+from tfcluster.cli.parse import (Commands, Parser, count, run_id, seconds, stall_seconds, step,
                                  threads)
 from tfcluster.diagnosis.stall import DEFAULT_STALL_AFTER
 from tfcluster.lazy import lazy
@@ -147,8 +147,17 @@ def build_parser(only=None):
     launch.add_argument("--straggler-after", type=seconds, default=30.0, metavar="S",
                         help="mark a worker whose step rate stays under half its peers' median "
                              "for S seconds (default 30)")
+    launch.add_argument("--profile-at", type=step, metavar="STEP",
+                        help="once a task reports step STEP, trace every task with TensorFlow's "
+                             "profiler (as `tfcluster profile`) into the run's profile/ folder")
     p = sub.add_parser("stacks", help="every Python thread's stack of every task of a run")
     p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
+    p = sub.add_parser("profile", help="trace every task of a running run at once with "
+                                       "TensorFlow's profiler, into the run's profile/ folder")
+    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
+    p.add_argument("--duration", type=seconds, default=2.0, metavar="S",
+                   help="seconds to trace (default 2)")
+    p.add_argument("--tasks", metavar="JOB:I,...", help="only these tasks, e.g. worker:0,ps:0")
 
     p = sub.add_parser("plot", help="draw loss and examples/s of runs into one SVG")
     p.add_argument("runs", nargs="+", metavar="RUN", type=run_id, help="run ids, overlaid")

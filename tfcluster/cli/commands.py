@@ -44,6 +44,9 @@ def cmd_launch(args):
     if args.detach and (args.stall_after is not None or args.on_stall is not None):
         raise UsageError("--stall-after and --on-stall need the launcher to watch the run: drop "
                          "them, or drop --detach")
+    if args.detach and args.profile_at is not None:
+        raise UsageError("--profile-at needs the launcher to follow the run's steps: drop it and "
+                         "run `tfcluster profile RUN` when you want, or drop --detach")
     catalog.check_trainer_args(example, user_args)  # before anything starts
     if args.resume:
         runs.load(args.runs_dir, args.resume)  # a one-line error when there is no such run
@@ -91,7 +94,7 @@ def launch_planned(args, example, counts, extra_env, user_args, planned):
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
         stall_after=args.stall_after, on_stall=args.on_stall or "report",
-        straggler_after=args.straggler_after,
+        straggler_after=args.straggler_after, profile_at=args.profile_at,
         command_line=tuple(getattr(args, "command_line", None)
                            or ["tfcluster"] + provenance.hidden_argv(args.argv)),
         rerun_of=getattr(args, "rerun_of", None))
@@ -231,9 +234,13 @@ def cmd_stacks(args):
     return manage.stacks(args.runs_dir, args.run)
 
 
+def cmd_profile(args):
+    return manage.profile(args.runs_dir, args.run, args.duration, args.tasks)
+
+
 # The commands that read an inventory or start agents: tfcluster_agent/cachedir.py.
 CACHING = {"launch", "spec", "check", "gpus", "sync", "deploy", "status", "logs", "stop", "drain",
-           "stacks"}
+           "stacks", "profile"}
 COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": cmd_gpus,
             "sync": cmd_sync, "examples": cmd_examples,
             "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop, "drain": cmd_drain,
@@ -241,4 +248,4 @@ COMMANDS = {"launch": cmd_launch, "spec": cmd_spec, "check": cmd_check, "gpus": 
             "data": cmd_data, "plot": cmd_plot, "tensorboard": cmd_tensorboard,
             "deploy": cmd_module, "init": cmd_module, "wheelhouse": cmd_module,
             "diff": cmd_module, "rerun": cmd_module,
-            "stacks": cmd_stacks}
+            "stacks": cmd_stacks, "profile": cmd_profile}

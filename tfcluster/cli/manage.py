@@ -12,6 +12,7 @@ from tfcluster.errors import RunFailed, UsageError
 from tfcluster.hosts.fanout import Hosts
 from tfcluster.hosts.inventory import Machine
 from tfcluster.runs.metrics import MetricsStore
+from tfcluster.launch import profiling
 from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.view.plot import write_run_svg
 from tfcluster.view.report import PlainReporter
@@ -257,4 +258,23 @@ def stacks(runs_dir, run_id=None, reporter=None):
     print_stacks(reporter, cluster, record.dir, found, problems)
     if not found:
         raise RunFailed("no stacks from any host of run %s" % record.id)
+    return 0
+
+
+def profile(runs_dir, run_id=None, duration=profiling.DEFAULT_DURATION, only=None,
+            reporter=None):
+    """`tfcluster profile`: one trace of every task of a running run, in its profile/ folder."""
+    reporter = reporter or PlainReporter()
+    profiling.check_duration(duration)
+    record = pick(runs_dir, run_id, active_only=run_id is None)
+    cluster = cluster_from_record(record)
+    tasks = profiling.parse_tasks(only, cluster)
+    if not record.active:
+        raise UsageError("run %s has ended (%s): only a running run can be profiled; "
+                         "`tfcluster runs` lists the runs" % (record.id, record.state))
+    with Hosts(list({t.machine.key: t.machine for t in tasks}.values())) as hosts:
+        taken = profiling.take_profile(hosts, tasks, record.id, record.dir, duration)
+    profiling.report_profile(reporter, taken, tasks)
+    if not taken.traced:
+        raise RunFailed("no task of run %s was traced" % record.id)
     return 0

@@ -74,6 +74,13 @@ def seconds(text):
     return value
 
 
+def step(text):
+    value = _integer(text, "a step number")
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
 def threads(text):
     value = _integer(text, "a whole number")
     if value < 1:

@@ -18,6 +18,7 @@ from tfcluster.hosts.fanout import Hosts
 from tfcluster.runs.metrics import MetricsStore, efficiency_message
 from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.launch.plan import launch_counts, make_cluster
+from tfcluster.launch.profiling import ProfileAt
 from tfcluster.view.plot import write_run_svg
 from tfcluster.launch.preflight import (check_checkpoint_folder, controller_code_hash, preflight,
                                         print_preflight)
@@ -66,6 +67,7 @@ class LaunchOptions:
     stall_after: float | None = None  # None: each machine's tfcluster_stall_after; 0: off
     on_stall: str = "report"       # or "stop": a stall's cause fails the run
     straggler_after: float = 30.0  # seconds under half the peers' median rate: a straggler
+    profile_at: int | None = None  # one trace of every task once a task reports this step
     command_line: tuple = ()       # the CLI's, --env values hidden (provenance.hidden_argv)
     rerun_of: str | None = None    # `tfcluster rerun`: the run launched again
 
@@ -154,6 +156,7 @@ class Launch:
             for line in rerun_warnings(rerun_of, self.record):
                 self.reporter.note("warning: " + line)
         self.metrics = MetricsStore(self.record.dir)
+        self.profile_at = None
         self.monitor = Monitor(self.hosts, self.cluster, self.record.dir, self.reporter,
                                metrics=self.metrics)
         self.monitor.diagnosis.configure(reports, options.straggler_after)
@@ -186,6 +189,8 @@ class Launch:
                                  drain=self._drain())
             self.metrics.close()
             write_run_svg(self.record.dir, self.metrics, self.reporter)
+            if self.profile_at is not None:
+                self.profile_at.finish()
         if crash is not None:
             raise crash
         if outcome is not None:
@@ -306,8 +311,11 @@ class Launch:
         ps_tasks = cluster.job_tasks("ps")
         policy_met_at = None
         pids_recorded = False
+        profile_at = self.profile_at = ProfileAt(options.profile_at, cluster, self.run_id,
+                                                 self.record.dir, self.reporter)
         while True:
             monitor.pump(WAKE_SECONDS)
+            profile_at.poll(self.metrics.latest())
             if not pids_recorded and len(monitor.started_at) == len(cluster.tasks):
                 pids_recorded = True
                 self.monitor.record_started(self.record)

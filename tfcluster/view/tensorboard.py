@@ -2,6 +2,10 @@
 
 The launcher copies each host's `tensorboard/<task>/` folder into `runs/<id>/tensorboard/<task>/`;
 with several runs, each gets its own name in TensorBoard (`--logdir_spec id:path,...`).
+
+The profile plugin (xprof, in the viz extra) reads only a `--logdir`: one run that has profiles
+(`tfcluster profile`, `runs/<id>/profile/<time>/plugins/profile/`) is served from its folder, its
+event files as `tensorboard/<task>` and its profiles as `profile/<time>`.
 """
 import importlib.util
 import os
@@ -32,8 +36,11 @@ def command(run_dirs, port=6006, host=None):
     """The TensorBoard command line, after checking that the package is installed."""
     if importlib.util.find_spec("tensorboard") is None:
         raise UsageError("tensorboard is not installed: %s" % INSTALL)
-    argv = [sys.executable, "-m", "tensorboard.main", "--logdir_spec", logdir_spec(run_dirs),
-            "--port", str(port)]
+    if len(run_dirs) == 1 and os.path.isdir(os.path.join(run_dirs[0], "profile")):
+        logdir = ["--logdir", os.path.abspath(run_dirs[0])]
+    else:
+        logdir = ["--logdir_spec", logdir_spec(run_dirs)]
+    argv = [sys.executable, "-m", "tensorboard.main"] + logdir + ["--port", str(port)]
     if host:
         argv += ["--host", host]
     return argv

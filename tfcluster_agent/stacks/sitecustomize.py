@@ -8,6 +8,13 @@ faulthandler writes the stacks from its C signal handler, so a thread blocked in
 $TFCLUSTER_RUN_DIR/.stacks/PID.txt, after one header line that names its main thread and the
 signal (tfcluster_agent/stall.py reads both). Standard library only; it never stops a program
 from starting.
+
+The profiler: a second signal (PROFILE_SIGNAL) is blocked in the main thread before any other
+thread exists, so every thread TensorFlow starts inherits the block, and one small thread waits
+for it in sigwait: no CPU and no Python handler until it comes, and it is answered even while
+the main thread is blocked inside TensorFlow. On the signal it reads the port the agent claimed
+from $TFCLUSTER_RUN_DIR/.profiler/PID.request, starts TensorFlow's profiler server there (once
+TensorFlow is imported) and writes its answer to PID.answer (tfcluster_agent/profiler.py).
 """
 import os  # both loaded already when site.py imports this
 import sys
@@ -34,6 +41,51 @@ def _register():
     return handle  # kept open: faulthandler writes to its descriptor
 
 
+def _profiler_hook():
+    import _thread
+    import signal
+    run_dir = os.environ.get("TFCLUSTER_RUN_DIR")
+    if not run_dir:
+        return
+    signum = getattr(signal, "SIGRTMAX", 64) - 4  # tfcluster_agent/profiler.py PROFILE_SIGNAL
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signum])
+    _thread.start_new_thread(_profiler_waiter, (os.path.join(run_dir, ".profiler"), signum))
+
+
+def _profiler_waiter(folder, signum):
+    import signal
+    started = None
+    while True:
+        signal.sigwait([signum])
+        pid = os.getpid()
+        try:
+            started, answer = _start_profiler(folder, pid, started)
+        except Exception as err:  # said to the agent, never raised into the program
+            answer = "error %s: %s" % (type(err).__name__, str(err).splitlines()[0] if str(err)
+                                       else "")
+        try:
+            path = os.path.join(folder, "%d.answer" % pid)
+            with open(path + ".tmp", "w") as handle:
+                handle.write(answer + "\n")
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass  # the agent names the task as not answering
+
+
+def _start_profiler(folder, pid, started):
+    """(port now served, the answer line): `listening PORT`, or `no-tensorflow ...`."""
+    if started is not None:
+        return started, "listening %d" % started
+    tf = sys.modules.get("tensorflow")
+    spec = getattr(tf, "__spec__", None)
+    if tf is None or getattr(spec, "_initializing", False):
+        return None, "no-tensorflow TensorFlow is not imported in this process (yet)"
+    with open(os.path.join(folder, "%d.request" % pid)) as handle:
+        port = int(handle.read().split()[0])
+    tf.profiler.experimental.server.start(port)
+    return port, "listening %d" % port
+
+
 def _chain():
     """Load the sitecustomize that the rest of sys.path holds, under the same name."""
     import importlib.machinery
@@ -52,6 +104,10 @@ try:
     _stacks_file = _register()
 except Exception:  # no stacks on demand for this process, but it runs
     _stacks_file = None
+try:
+    _profiler_hook()
+except Exception:  # no profiler on demand for this process, but it runs
+    pass
 # Kept under a name of its own: the chained module takes the name sitecustomize, and the file
 # faulthandler writes to must stay open.
 sys.modules["_tfcluster_stacks"] = sys.modules[__name__]

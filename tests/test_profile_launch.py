@@ -1,0 +1,228 @@
+"""tfcluster profile on real runs: a 1 ps + 2 worker mnist_replica run (TF1 sessions), a
+ParameterServerStrategy run (ClusterCoordinator loop) and a MultiWorkerMirroredStrategy run on
+this machine, and the mnist_replica run on the test hosts (root), are traced: every task's trace
+holds its step events, --profile-at takes one trace by itself, ten profiles in a row leave the
+run training, and the step rate during a trace is measured against the rate before it."""
+import collections
+import glob
+import importlib.util
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from support.cli import assert_run_clean, local_inventory_text, run_record, tfcluster
+from test_stall_launch import Launcher
+
+pytestmark = pytest.mark.slow
+
+# The events one step leaves in a task's trace: a TF1 session's RunGraph (workers and ps), a
+# tf.function step on the coordinator, the functions the coordinator and the ps run remotely.
+STEP_EVENTS = ("RunGraph", "SessionRun", "train_step", "FunctionRun",
+               "KernelAndDeviceFunc::RunAsync")
+PROFILES = 10
+DURATION = 4.0
+
+
+def xplane_module():
+    """TensorFlow's XSpace protobuf module, loaded alone (no TensorFlow import)."""
+    spec = importlib.util.find_spec("tensorflow")
+    path = os.path.join(os.path.dirname(spec.origin), "tsl", "profiler", "protobuf",
+                        "xplane_pb2.py")
+    module_spec = importlib.util.spec_from_file_location("tfcluster_test_xplane_pb2", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def step_events(path, xplane=None):
+    """{event name: count} of the step events in the trace file PATH."""
+    xplane = xplane or xplane_module()
+    space = xplane.XSpace()
+    with open(path, "rb") as handle:
+        space.ParseFromString(handle.read())
+    found = collections.Counter()
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if name in STEP_EVENTS:
+                    found[name] += 1
+    return found
+
+
+def index_of(output):
+    folder = re.search(r"profile of \d+ task\(s\) in (\S+) ", output).group(1)
+    with open(os.path.join(folder, "tasks.json")) as handle:
+        return json.load(handle)
+
+
+def traces_of(output):
+    """{label: its trace file} of the profile a `tfcluster profile` printed (its tasks.json)."""
+    folder = re.search(r"profile of \d+ task\(s\) in (\S+) ", output).group(1)
+    with open(os.path.join(folder, "tasks.json")) as handle:
+        index = json.load(handle)
+    files = glob.glob(os.path.join(folder, "plugins", "profile", "*", "*.xplane.pb"))
+    traced = {label: os.path.join(folder, entry["trace"]) for label, entry in index.items()
+              if entry.get("trace")}
+    assert sorted(traced.values()) == sorted(files), (index, files)
+    return traced
+
+
+def steps_at(runs_dir, run_id, label):
+    """[(time, step)] of LABEL's metric points so far."""
+    points = []
+    with open(os.path.join(runs_dir, run_id, "metrics.jsonl")) as handle:
+        for line in handle:
+            point = json.loads(line)
+            if point.get("task") == label and isinstance(point.get("step"), int):
+                points.append((point["time"], point["step"]))
+    return points
+
+
+def rate(points, start, end):
+    """Steps per second between the first and the last point inside START..END."""
+    inside = [p for p in points if start <= p[0] <= end]
+    if len(inside) < 2 or inside[-1][0] - inside[0][0] < 1.0:
+        return None
+    (t0, s0), (t1, s1) = inside[0], inside[-1]
+    return (s1 - s0) / (t1 - t0)
+
+
+def launch_and_profile(tmp_path, example, counts, profile_at, run_id):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(local_inventory_text(str(tmp_path / "work"), **counts))
+    runs_dir = str(tmp_path / "runs")
+    launcher = Launcher(runs_dir, example, "-i", str(inventory), "--smoke", "--run-id", run_id,
+                        "--profile-at", str(profile_at), "--",
+                        "--train_steps=10000000", "--log_every=20")
+    return launcher, runs_dir
+
+
+def profile_and_measure(launcher, runs_dir, run_id, record, label, count, xplane):
+    """COUNT profiles of every task in a row, each after 5 s without one: [(the global step's
+    rate in those 5 s, its rate while traced)], from LABEL's metric points."""
+    rates = []
+    for attempt in range(count):
+        time.sleep(5)  # a window of training without a trace: the rate to compare with
+        start = time.time()
+        done = tfcluster("profile", run_id, "--duration", str(DURATION), runs_dir=runs_dir,
+                         timeout=120)
+        assert done.returncode == 0, (attempt, done.stderr, launcher.text()[-6000:])
+        assert_every_task_traced(record, done.stdout + done.stderr, xplane)
+        # This machine is the tracing host: the trace's window is on our clock.
+        first, last = index_of(done.stdout)[label]["window"]
+        launcher.when(r"\[%s .*\] step \d+" % label, 60, after=time.monotonic())
+        points = steps_at(runs_dir, run_id, label)
+        rates.append((rate(points, start - 5, start), rate(points, first, last)))
+    return rates
+
+
+def rate_drop(what, rates):
+    """(median rate without a trace, median rate while traced), printed for RESULTS.md."""
+    pairs = [(a, b) for a, b in rates if a and b]
+    assert len(pairs) >= (len(rates) + 1) // 2, rates
+    before = sorted(a for a, _ in pairs)[len(pairs) // 2]
+    during = sorted(b for _, b in pairs)[len(pairs) // 2]
+    print("%s global steps/s, median of %d: %.1f without a trace, %.1f with one (%.1f%% less)"
+          % (what, len(pairs), before, during, 100 * (1 - during / before)))
+    return before, during
+
+
+def assert_every_task_traced(record, output, xplane):
+    """Every task of RECORD has a trace with step events in the profile OUTPUT names."""
+    traced = traces_of(output)
+    assert sorted(traced) == sorted(record["tasks"]), output
+    for label, path in traced.items():
+        assert sum(step_events(path, xplane).values()) > 0, (label, path)
+    return traced
+
+
+@pytest.mark.timeout(900)
+def test_profile_a_tf1_replica_run_ten_times_and_measure_its_rate(tmp_path):
+    launcher, runs_dir = launch_and_profile(tmp_path, "mnist_replica",
+                                            dict(ps=1, workers=2, chief=0), 200, "tf1")
+    xplane = xplane_module()
+    try:
+        launcher.when(r"tfcluster: profile of 3 task\(s\) in ", 300)  # --profile-at 200
+        record = run_record(runs_dir, "tf1")
+        assert_every_task_traced(record, launcher.text(), xplane)
+        rates = profile_and_measure(launcher, runs_dir, "tf1", record, "worker:0", PROFILES,
+                                    xplane)
+        # Ten traces and the run still trains: worker:0 reports new steps after the last.
+        launcher.when(r"\[worker:0 .*\] step \d+", 60, after=time.monotonic())
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert_run_clean(run_record(runs_dir, "tf1"))
+    before, during = rate_drop("mnist_replica", rates)
+    assert during >= 0.9 * before, rates  # the target: 10% or less
+
+
+@pytest.mark.timeout(600)
+def test_profile_a_parameter_server_strategy_run(tmp_path):
+    launcher, runs_dir = launch_and_profile(tmp_path, "ps_strategy",
+                                            dict(ps=2, workers=2, chief=1), 200, "pss")
+    xplane = xplane_module()
+    try:
+        launcher.when(r"tfcluster: profile of 5 task\(s\) in ", 300)
+        record = run_record(runs_dir, "pss")
+        assert_every_task_traced(record, launcher.text(), xplane)
+        done = tfcluster("profile", "pss", "--duration", "1", "--tasks", "chief:0,ps:1",
+                         runs_dir=runs_dir, timeout=120)
+        assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
+        assert sorted(traces_of(done.stdout + done.stderr)) == ["chief:0", "ps:1"]
+        rates = profile_and_measure(launcher, runs_dir, "pss", record, "chief:0", 5, xplane)
+        launcher.when(r"\[chief:0 .*\] step \d+", 60, after=time.monotonic())
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert_run_clean(run_record(runs_dir, "pss"))
+    # Measured, not held to the 10% target: five tasks on this machine's two cores lost more
+    # (benchmarks/RESULTS.md).
+    rate_drop("ps_strategy", rates)
+
+
+@pytest.mark.timeout(600)
+def test_profile_at_a_step_of_a_multi_worker_mirrored_run(tmp_path):
+    launcher, runs_dir = launch_and_profile(tmp_path, "multi_worker_mirrored",
+                                            dict(ps=0, workers=2, chief=0), 40, "mwms")
+    try:
+        launcher.when(r"tfcluster: profile of 2 task\(s\) in ", 300)
+        assert_every_task_traced(run_record(runs_dir, "mwms"), launcher.text(), xplane_module())
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert_run_clean(run_record(runs_dir, "mwms"))
+
+
+@pytest.mark.root
+@pytest.mark.timeout(600)
+def test_profile_a_tf1_replica_run_on_the_test_hosts(testhosts, tmp_path):
+    """Over SSH, each task on a host (a network namespace) of its own: the servers start there,
+    the ps's host traces them all, every task's trace comes back with its step events."""
+    from test_ssh import processes_of_run, ssh_inventory
+    inventory = ssh_inventory(testhosts, tmp_path)
+    runs_dir = str(tmp_path / "runs")
+    launcher = Launcher(runs_dir, "mnist_replica", "-i", inventory, "--smoke", "--run-id",
+                        "hosts", "--", "--train_steps=10000000", "--log_every=20")
+    try:
+        launcher.when(r"\[worker:1 .*\] step [1-9]\d*", 300)
+        done = tfcluster("profile", "hosts", "--duration", "2", runs_dir=runs_dir, timeout=120)
+        assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
+        record = run_record(runs_dir, "hosts")
+        traced = assert_every_task_traced(record, done.stdout + done.stderr, xplane_module())
+        assert {os.path.basename(path).rsplit("_", 1)[0] for path in traced.values()} == \
+            {address for _, address in testhosts.hosts[:3]}
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert_run_clean(run_record(runs_dir, "hosts"))
+    assert processes_of_run("hosts") == []
