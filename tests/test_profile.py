@@ -10,16 +10,15 @@ import sys
 
 import pytest
 
-from support.cli import run_record
+from support import REPO
+from support.cli import run_cli, run_record
+from support.fakehosts import FakeLink, cluster_of, run
 from support.procs import wait_for
-from test_cli import run_cli
-from test_launcher_unit import FakeLink, cluster_of, run
 from tfcluster.errors import UsageError
 from tfcluster.launch import profiling
 from tfcluster_agent import profiler
 from tfcluster_agent import protocol as P
 from tfcluster_agent import supervisor as S
-from support import REPO
 
 STACKS_DIR = os.path.join(REPO, "tfcluster_agent", "stacks")
 
@@ -151,7 +150,7 @@ def test_a_task_without_a_trace_is_named_with_why():
     (["launch", "--cmd", "true", "--profile-at", "-1"], "--profile-at: must not be negative"),
 ])
 def test_profile_refuses_bad_input_in_one_line(tmp_path, capsys, monkeypatch, args, message):
-    monkeypatch.setattr("test_launcher_unit.FakeLink", FakeLink)
+    monkeypatch.setattr("support.fakehosts.FakeLink", FakeLink)
     run(tmp_path, cluster_of(ps=1, workers=1), {"worker-0": [0]})
     assert run_record(str(tmp_path / "runs"), "r")["state"] == "succeeded"
     code, _, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), *args)

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from support.cli import assert_run_clean, local_inventory_text, run_record, tfcluster
-from test_stall_launch import Launcher
+from support.cli import Launcher
 
 pytestmark = pytest.mark.slow
 
@@ -207,7 +207,8 @@ def test_profile_at_a_step_of_a_multi_worker_mirrored_run(tmp_path):
 def test_profile_a_tf1_replica_run_on_the_test_hosts(testhosts, tmp_path):
     """Over SSH, each task on a host (a network namespace) of its own: the servers start there,
     the ps's host traces them all, every task's trace comes back with its step events."""
-    from test_ssh import processes_of_run, ssh_inventory
+    from support.procs import processes_of_run
+    from support.ssh import ssh_inventory
     inventory = ssh_inventory(testhosts, tmp_path)
     runs_dir = str(tmp_path / "runs")
     launcher = Launcher(runs_dir, "mnist_replica", "-i", inventory, "--smoke", "--run-id",

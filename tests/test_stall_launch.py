@@ -7,16 +7,13 @@ stopped with SIGSTOP. Each cause must be named within
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
 
 from support import REPO
-from support.cli import assert_run_clean, run_record, tfcluster
-from support.procs import processes_of_run, wait_for
+from support.cli import Launcher, assert_run_clean, run_record, tfcluster
+from support.procs import processes_of_run
 from support.ssh import ssh_inventory
 
 pytestmark = pytest.mark.slow
@@ -31,42 +28,6 @@ def line_of(program, text):
     """The number of the line of PROGRAM (in tests/programs) that holds TEXT."""
     with open(os.path.join(PROGRAMS, program)) as handle:
         return next(n for n, line in enumerate(handle, 1) if text in line)
-
-
-class Launcher:
-    """`tfcluster launch ...` in the background; every line it prints, with when it came."""
-
-    def __init__(self, runs_dir, *args):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--plain",
-             *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
-
-    def when(self, pattern, timeout, after=0.0):
-        """When the first line matching PATTERN (a regex) came, waiting up to TIMEOUT s."""
-        def seen():
-            return next((t for t, line in list(self.lines)
-                         if t >= after and re.search(pattern, line)), None)
-        return wait_for(seen, timeout, "a line matching %r; got:\n%s" % (pattern, self.text()))
-
-    def text(self):
-        return "\n".join(line for _, line in self.lines)
-
-    def finish(self, timeout):
-        code = self.proc.wait(timeout)
-        self.reader.join(5)
-        return code
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def test_a_blocked_worker_is_named_and_on_stall_stop_ends_the_run(local_env, tmp_path):

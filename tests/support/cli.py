@@ -151,3 +151,39 @@ class Launch:
             os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.kill()
         self.end()
+
+
+class Launcher:
+    """`tfcluster launch ...` in the background; every line it prints, with when it came."""
+
+    def __init__(self, runs_dir, *args):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--plain",
+             *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def when(self, pattern, timeout, after=0.0):
+        """When the first line matching PATTERN (a regex) came, waiting up to TIMEOUT s."""
+        def seen():
+            return next((t for t, line in list(self.lines)
+                         if t >= after and re.search(pattern, line)), None)
+        return wait_for(seen, timeout, "a line matching %r; got:\n%s" % (pattern, self.text()))
+
+    def text(self):
+        return "\n".join(line for _, line in self.lines)
+
+    def finish(self, timeout):
+        code = self.proc.wait(timeout)
+        self.reader.join(5)
+        return code
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
