@@ -284,6 +284,27 @@ def test_on_stall_stop_ends_the_run_leading_with_the_cause(tmp_path, stalling):
     assert sorted(os.listdir(stacks)) == ["worker-0.txt", "worker-1.txt"]
 
 
+class FinishingLink(StallingLink):
+    """worker-1 reports its result, then is quiet while it shuts down, then exits."""
+
+    def send(self, msg):
+        if isinstance(msg, stall.WatchStalls):
+            self.watched = msg
+            self.emit(P.Output(name="worker-1", text=P.RESULT_PREFIX + '{"loss": 0.1}\n'))
+            self.emit(stall.Stalled(name="worker-1", seconds=3.2, cpu=0.01))
+            self.alive.discard("worker-1")
+            self.emit(P.Exited(name="worker-1", code=0, state="exited"))
+
+
+def test_a_task_quiet_after_its_result_is_not_stalled(tmp_path, stalling, monkeypatch):
+    """TensorFlow's shutdown after the last step can be quiet for longer than --stall-after."""
+    monkeypatch.setattr("support.fakehosts.FakeLink", FinishingLink)
+    outcome, record, console, _ = run(tmp_path, cluster_of(ps=1, workers=2), {"worker-0": [0]},
+                                      stall_after=3, on_stall="stop")
+    assert outcome is None and record["state"] == "succeeded", console
+    assert "stalled" not in console and not os.path.exists(tmp_path / "runs" / "r" / "stacks")
+
+
 class WaitingLink(StallingLink):
     """worker-1 repeats TF1's CreateSession wait for ps:0 (its log grows, so its agent never
     calls it quiet); from its host, ps:0's port times out."""

@@ -90,6 +90,8 @@ class StallFollower:
 
     def event(self, task, msg):
         """An agent's Stalled or Resumed event about TASK."""
+        if msg.kind == "stalled" and task.label in self.monitor.results:
+            return  # it reported its result: quiet while TensorFlow shuts down, not a hang
         if msg.kind == "stalled":
             self.stalled[task.label] = msg
             self.reporter.note(wording.stalled_quietly(task.label, msg.seconds, msg.cpu))
