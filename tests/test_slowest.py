@@ -2,6 +2,7 @@
 busy figure the trainers report, the Diagnosis that compares it and the summary (the live row:
 test_causes.py). A real 3-worker run with one worker under a CPU limit: test_slowest_launch.py."""
 import random
+import time
 
 from test_causes import monitor_of
 from test_launcher_unit import cluster_of
@@ -12,16 +13,18 @@ from trainers.common.loop import busy_seconds
 EXAMPLES_PER_S = 300.0
 
 
-def feed(diagnosis, tasks, busy, start, seconds, every=1.0, rates=None, jitter=0.0, rng=None):
+def feed(diagnosis, tasks, busy, start, seconds, every=1.0, rates=None, jitter=0.0, rng=None,
+         key="busy"):
     """Points every EVERY s from START for SECONDS: each task at its BUSY figure (plus or minus
-    JITTER of it) and the same rate unless RATES says; returns (now, the Causes named)."""
+    JITTER of it; KEY "wait": its share of time in the collective) and the same rate unless
+    RATES says; returns (now, the Causes named)."""
     now, named = start, []
     while now < start + seconds:
         now += every
         for task in tasks:
             figure = busy[task.label] * (1 + (rng.uniform(-jitter, jitter) if jitter else 0))
             rate = (rates or {}).get(task.label, EXAMPLES_PER_S)
-            diagnosis.slowest.metric(task, {"step": 1, "examples_per_s": rate, "busy": figure},
+            diagnosis.slowest.metric(task, {"step": 1, "examples_per_s": rate, key: figure},
                                      now)
             diagnosis.stragglers.metric(task, {"step": 1, "examples_per_s": rate}, now)
         named += diagnosis.straggling(now)
@@ -100,6 +103,24 @@ def test_the_mark_holds_until_the_wait_falls_under_the_lower_mark():
     assert line.startswith("slowest: worker:2 held the others back for ")
 
 
+def test_the_time_in_the_collective_names_the_worker_that_waits_least():
+    """The trainer's own timing: worker:1 spends 5% of its time in the all-reduce (the
+    transfer), the others 45%: they wait 40% for it."""
+    cluster, diagnosis, console = workers()
+    wait = {"worker:0": 0.45, "worker:1": 0.05, "worker:2": 0.45}
+    _, named = feed(diagnosis, cluster.tasks, wait, 1000.0, 40, key="wait")
+    assert [(c.kind, c.task) for c in named] == [(SLOWEST, cluster.find("worker:1"))]
+    assert named[0].text == "worker:1 is the slowest: the others wait 40% of each step for it"
+
+
+def test_a_healthy_run_timed_in_its_collective_names_nobody():
+    cluster, diagnosis, _ = workers()
+    rng = random.Random(7)
+    _, named = feed(diagnosis, cluster.tasks, {t.label: 0.3 for t in cluster.tasks}, 1000.0,
+                    600, jitter=0.9, rng=rng, key="wait")
+    assert named == []
+
+
 def test_workers_whose_rates_differ_are_not_synchronous_and_not_judged_by_waiting():
     cluster, diagnosis, _ = workers()
     busy = {"worker:0": 0.4, "worker:1": 0.4, "worker:2": 1.0}
@@ -124,3 +145,20 @@ def test_busy_seconds_sum_what_the_threads_ran_and_waited(tmp_path):
     assert busy_seconds(str(tmp_path)) == 2.500000001
     assert busy_seconds(str(tmp_path / "absent")) is None
     assert busy_seconds() > 0  # this process's own threads
+
+
+def test_each_point_after_the_first_carries_busy_and_the_timed_wait(capsys):
+    from types import SimpleNamespace
+    from tfcluster_agent.protocol import parse_line
+    from trainers.common.loop import Progress
+    progress = Progress(None, SimpleNamespace(log_every=1), 32, 0, 2.3)
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:
+        pass  # compute: the busy figure grows
+    progress.waited(0.1)
+    progress.tick(1, 2.0)
+    progress.tick(2, 1.9)  # untimed: nothing in the collective since the last point
+    first, second, third = [parse_line(line)[1] for line in capsys.readouterr().out.splitlines()]
+    assert "busy" not in first and "wait" not in first
+    assert second["busy"] > 0.3 and 0 < second["wait"] <= 1.0
+    assert "busy" in third and third["wait"] == 0.0

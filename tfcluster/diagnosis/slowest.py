@@ -2,18 +2,22 @@
 
 In synchronous training (MultiWorkerMirroredStrategy, SyncReplicasOptimizer) every worker takes
 the same steps, so their step rates are equal and stragglers.py sees nobody. What differs is the
-waiting: each metrics point carries the task's `busy` figure (trainers/common/loop.py: the seconds
-its threads ran or waited for a CPU, per second), and a worker that finishes its share of a step
-early sleeps in the collective until the slowest one is done. The slowest worker is the busiest
-one; each other worker waits 1 - its busy / the slowest's busy of every step. Comparing waiting,
-not speed, holds on a machine whose cores the workers share: a worker that waits for a CPU
-counts as busy.
+waiting, read from each task's metrics points (trainers/common/loop.py):
+- `wait`, where the trainer times its collective apart (multi_worker_mirrored): the share of the
+  time it spent in the all-reduce. The slowest worker waits least; each other one waits its own
+  share minus the slowest's (what is left is the transfer itself) for it.
+- else `busy`: the seconds its threads ran or waited for a CPU, per second. A worker that finished
+  its share of a step early sleeps until the slowest one is done, so the slowest is the busiest;
+  each other one waits 1 - its busy / the slowest's of every step.
+Both compare waiting, not speed: on a machine whose cores the workers share, a worker that waits
+for a CPU is not waiting for its peers.
 
 A run is judged only while its training tasks' rates (stragglers.StragglerWatch.rates) agree
-within SYNCHRONOUS (asynchronous workers do not wait for each other). The busiest task is marked
-once every other task has waited at least WAIT_MARK of each step, over the last WINDOW_S seconds
-of points, for HOLD_S seconds in a row; it stays marked until the others' median wait falls under
-WAIT_CLEAR or another task becomes the busiest (hysteresis: a healthy run's noise marks nobody).
+within SYNCHRONOUS (asynchronous workers do not wait for each other). The slowest task is marked
+once every other task has waited at least WAIT_MARK of each step for it, over the last WINDOW_S
+seconds of points, for HOLD_S seconds in a row; it stays marked until the others' median wait
+falls under WAIT_CLEAR or another task becomes the slowest (hysteresis: a healthy run's noise
+marks nobody).
 """
 import time
 
@@ -32,7 +36,7 @@ class SlowestWatch:
     def __init__(self, reporter, window=WINDOW_S, hold=HOLD_S):
         self.reporter = reporter
         self.window, self.hold = window, hold
-        self.busy = {}        # label -> [(time, busy)] of its recent points
+        self.points = {}      # label -> [(time, busy, wait)] of its recent points
         self.running = {}     # label -> task, while it runs
         self.candidate = None  # (label, since): the busiest, the others waiting enough
         self.marked = None     # (label, since) of the task marked now
@@ -41,7 +45,7 @@ class SlowestWatch:
     def started(self, task):
         if task.job in TRAINING_JOBS:
             self.running[task.label] = task
-            self.busy.pop(task.label, None)
+            self.points.pop(task.label, None)
 
     def ended(self, task, now=None):
         self.running.pop(task.label, None)
@@ -49,34 +53,38 @@ class SlowestWatch:
             self._unmark(now or time.time(), quiet=True)
 
     def metric(self, task, point, now=None):
-        busy = point.get("busy")
-        if task.job not in TRAINING_JOBS or not isinstance(busy, (int, float)) \
-                or isinstance(busy, bool) or busy < 0:
+        figures = [point.get(key) for key in ("busy", "wait")]
+        figures = [f if _share(f) else None for f in figures]
+        if task.job not in TRAINING_JOBS or figures == [None, None]:
             return
         now = now or time.time()
-        points = self.busy.setdefault(task.label, [])
-        points.append((now, float(busy)))
+        points = self.points.setdefault(task.label, [])
+        points.append((now, *figures))
         while len(points) > 1 and points[0][0] < now - self.window:
             points.pop(0)  # the newest point stays: a task that reports rarely is still judged
 
     def waits(self, rates, now):
-        """(the busiest task's label, {other label: share of each step it waits}), or None when
-        the running tasks cannot be compared now: fewer than two, a busy figure missing, rates
-        that differ (not synchronous) or nobody computing."""
-        recent = {}
+        """(the slowest task's label, {other label: share of each step it waits for it}), or
+        None when the running tasks cannot be compared now: fewer than two, a figure missing,
+        rates that differ (not synchronous) or nobody computing."""
+        busy, wait = {}, {}
         for label in self.running:
-            points = [b for at, b in self.busy.get(label, ()) if at >= now - 3 * self.window]
-            if not points:
-                return None
-            recent[label] = sum(points) / len(points)
-        if len(recent) < 2 or set(rates) != set(recent) or min(rates.values()) <= 0 \
+            points = [p for p in self.points.get(label, ()) if p[0] >= now - 3 * self.window]
+            for found, index in ((busy, 1), (wait, 2)):
+                figures = [p[index] for p in points if p[index] is not None]
+                if figures:
+                    found[label] = sum(figures) / len(figures)
+        if len(self.running) < 2 or set(rates) != set(self.running) or min(rates.values()) <= 0 \
                 or min(rates.values()) < SYNCHRONOUS * max(rates.values()):
             return None
-        slowest = max(recent, key=recent.get)
-        top = recent[slowest]
-        if top < MIN_BUSY:
+        if len(wait) == len(self.running):
+            slowest = min(wait, key=wait.get)
+            return slowest, {label: share - wait[slowest] for label, share in wait.items()
+                             if label != slowest}
+        if len(busy) < len(self.running) or max(busy.values()) < MIN_BUSY:
             return None
-        return slowest, {label: 1.0 - busy / top for label, busy in recent.items()
+        slowest = max(busy, key=busy.get)
+        return slowest, {label: 1.0 - share / busy[slowest] for label, share in busy.items()
                          if label != slowest}
 
     def tick(self, rates, now=None):
@@ -136,3 +144,7 @@ class SlowestWatch:
             lines.append(wording.was_slowest(label, seconds, named["since"],
                                              statistics.median(named["waits"])))
         return lines
+
+
+def _share(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0

@@ -6,7 +6,9 @@ $TFCLUSTER_RUN_DIR/tensorboard/<task>/), evaluation, and the final result in the
 Each point after the first carries `busy`: the seconds this process's threads ran or waited for a
 CPU (/proc/self/task/*/schedstat) per second since the last point. In synchronous training every
 worker takes the same steps, so a worker that waits for its peers is less busy than the one they
-wait for, however contended the machine is (diagnosis/slowest.py compares them).
+wait for, however contended the machine is (diagnosis/slowest.py compares them). A trainer that
+times its collective apart (waited()) adds `wait`: the share of the time since the last point it
+spent there, waiting for the slowest worker.
 
 Host side: TensorFlow, numpy and the standard library only.
 """
@@ -141,6 +143,7 @@ class Progress:
         self.timer = bootstrap.Timer()
         self._last = (self.timer.seconds, 0, self.start_step)
         self._busy = busy_seconds()
+        self._waited = None  # seconds in the collective since the last point, once timed
         self.point(self.start_step, initial_loss, accuracy=initial_accuracy)
 
     def tick(self, step, loss=None, **scalars):
@@ -149,6 +152,10 @@ class Progress:
         self.step = int(step)
         if self.local_steps % self.log_every == 0:
             self.point(self.step, loss, **scalars)
+
+    def waited(self, seconds):
+        """This step spent SECONDS in the collective (its all-reduce), after its own compute."""
+        self._waited = (self._waited or 0.0) + seconds
 
     def notice(self):
         """True when the termination notice is here: a stat."""
@@ -180,6 +187,9 @@ class Progress:
                 scalars["global_steps_per_s"] = (int(step) - global_step) / (now - since)
             if busy is not None and busy_before is not None and busy >= busy_before:
                 scalars["busy"] = round((busy - busy_before) / (now - since), 3)
+            if self._waited is not None:
+                scalars["wait"] = round(min(1.0, self._waited / (now - since)), 3)
+        self._waited = None if self._waited is None else 0.0
         self._last = (now, self.local_steps, int(step))
         rate = round(rate, 1) if rate is not None else None
         protocol.report_metric(step, loss, rate, **scalars)
