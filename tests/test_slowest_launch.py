@@ -9,7 +9,7 @@ import time
 import pytest
 
 from support.cli import assert_run_clean, run_record
-from support.cpulimit import cpu_hierarchy, cpu_limited
+from support.cpulimit import cpu_hierarchy, cpu_limited, throttled
 from support.procs import wait_for
 from test_causes_launch import Launch
 
@@ -50,10 +50,15 @@ def test_a_worker_held_to_half_a_core_is_named_within_30s_and_a_healthy_run_name
         for attempt in range(TRIES):
             label = "worker:%d" % (attempt % 3)
             seen = len(launch.lines)
-            with cpu_limited(tasks[label]["pid"], 0.5):
+            with cpu_limited(tasks[label]["pid"], 0.5) as group:
                 limited = time.monotonic()
-                found = wait_for(lambda: matches(launch, SLOWEST, seen), NAMED_WITHIN_S,
-                                 "%s named as the slowest (try %d)" % (label, attempt + 1))
+                try:
+                    found = wait_for(lambda: matches(launch, SLOWEST, seen), NAMED_WITHIN_S,
+                                     "%s named as the slowest (try %d)" % (label, attempt + 1))
+                except AssertionError as err:
+                    # Few periods: a machine too loaded to give the worker half a core anyway.
+                    raise AssertionError("%s; the limit throttled it in %s"
+                                         % (err, throttled(group))) from None
                 named_after.append(round(time.monotonic() - limited, 1))
                 assert [m.group(1) for m in found] == [label], found
                 assert 25 <= int(found[0].group(2)) < 100

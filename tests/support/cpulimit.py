@@ -70,6 +70,16 @@ def cpu_limited(pgid, cores, name="tfcluster-test-cpulimit"):
                 time.sleep(0.1)
 
 
+def throttled(folder):
+    """How often the limit held the group back: "N of M periods" (cpu.stat)."""
+    stat = {}
+    with open(os.path.join(folder, "cpu.stat")) as handle:
+        for line in handle:
+            key, value = line.split()
+            stat[key] = value
+    return "%s of %s periods" % (stat.get("nr_throttled", "?"), stat.get("nr_periods", "?"))
+
+
 def _empty(folder, parent):
     try:
         with open(os.path.join(folder, "cgroup.procs")) as handle:

@@ -12,8 +12,8 @@ waiting, read from each task's metrics points (trainers/common/loop.py):
 Both compare waiting, not speed: on a machine whose cores the workers share, a worker that waits
 for a CPU is not waiting for its peers.
 
-A run is judged only while its training tasks' rates (stragglers.StragglerWatch.rates) agree
-within SYNCHRONOUS (asynchronous workers do not wait for each other). The slowest task is marked
+A run is judged only while its training tasks' rates (the examples_per_s they report, else
+stragglers.StragglerWatch.rates) agree within SYNCHRONOUS (asynchronous workers do not wait for each other). The slowest task is marked
 once every other task has waited at least WAIT_MARK of each step for it, over the last WINDOW_S
 seconds of points, for HOLD_S seconds in a row; it stays marked until the others' median wait
 falls under WAIT_CLEAR or another task becomes the slowest (hysteresis: a healthy run's noise
@@ -36,7 +36,7 @@ class SlowestWatch:
     def __init__(self, reporter, window=WINDOW_S, hold=HOLD_S):
         self.reporter = reporter
         self.window, self.hold = window, hold
-        self.points = {}      # label -> [(time, busy, wait)] of its recent points
+        self.points = {}      # label -> [(time, busy, wait, examples_per_s)] of its recent points
         self.running = {}     # label -> task, while it runs
         self.candidate = None  # (label, since): the busiest, the others waiting enough
         self.marked = None     # (label, since) of the task marked now
@@ -53,9 +53,9 @@ class SlowestWatch:
             self._unmark(now or time.time(), quiet=True)
 
     def metric(self, task, point, now=None):
-        figures = [point.get(key) for key in ("busy", "wait")]
+        figures = [point.get(key) for key in ("busy", "wait", "examples_per_s")]
         figures = [f if _share(f) else None for f in figures]
-        if task.job not in TRAINING_JOBS or figures == [None, None]:
+        if task.job not in TRAINING_JOBS or figures[:2] == [None, None]:
             return
         now = now or time.time()
         points = self.points.setdefault(task.label, [])
@@ -67,13 +67,15 @@ class SlowestWatch:
         """(the slowest task's label, {other label: share of each step it waits for it}), or
         None when the running tasks cannot be compared now: fewer than two, a figure missing,
         rates that differ (not synchronous) or nobody computing."""
-        busy, wait = {}, {}
+        busy, wait, reported = {}, {}, {}
         for label in self.running:
             points = [p for p in self.points.get(label, ()) if p[0] >= now - 3 * self.window]
-            for found, index in ((busy, 1), (wait, 2)):
+            for found, index in ((busy, 1), (wait, 2), (reported, 3)):
                 figures = [p[index] for p in points if p[index] is not None]
                 if figures:
                     found[label] = sum(figures) / len(figures)
+        if len(reported) == len(self.running):
+            rates = reported  # the tasks' own rates: a window of few points counts them unevenly
         if len(self.running) < 2 or set(rates) != set(self.running) or min(rates.values()) <= 0 \
                 or min(rates.values()) < SYNCHRONOUS * max(rates.values()):
             return None
