@@ -2,7 +2,6 @@
 busy figure the trainers report, the Diagnosis that compares it and the summary (the live row:
 test_causes.py). A real 3-worker run with one worker under a CPU limit: test_slowest_launch.py."""
 import random
-import time
 
 from test_causes import monitor_of
 from test_launcher_unit import cluster_of
@@ -146,19 +145,3 @@ def test_busy_seconds_sum_what_the_threads_ran_and_waited(tmp_path):
     assert busy_seconds(str(tmp_path / "absent")) is None
     assert busy_seconds() > 0  # this process's own threads
 
-
-def test_each_point_after_the_first_carries_busy_and_the_timed_wait(capsys):
-    from types import SimpleNamespace
-    from tfcluster_agent.protocol import parse_line
-    from trainers.common.loop import Progress
-    progress = Progress(None, SimpleNamespace(log_every=1), 32, 0, 2.3)
-    deadline = time.monotonic() + 0.2
-    while time.monotonic() < deadline:
-        pass  # compute: the busy figure grows
-    progress.waited(0.1)
-    progress.tick(1, 2.0)
-    progress.tick(2, 1.9)  # untimed: nothing in the collective since the last point
-    first, second, third = [parse_line(line)[1] for line in capsys.readouterr().out.splitlines()]
-    assert "busy" not in first and "wait" not in first
-    assert second["busy"] > 0.3 and 0 < second["wait"] <= 1.0
-    assert "busy" in third and third["wait"] == 0.0
