@@ -40,7 +40,8 @@ class SlowestWatch:
         self.running = {}     # label -> task, while it runs
         self.candidate = None  # (label, since): the busiest, the others waiting enough
         self.marked = None     # (label, since) of the task marked now
-        self.named = {}        # label -> {"since", "seconds", "waits": [the others' median]}
+        self.named = {}        # label -> {"since", "seconds", "waits": (sum, count) of the
+        #                        others' median wait, each tick it was marked}
 
     def started(self, task):
         if task.job in TRAINING_JOBS:
@@ -104,7 +105,7 @@ class SlowestWatch:
             if self.marked[0] != slowest or median < WAIT_CLEAR:
                 self._unmark(now)
             else:
-                self.named[slowest]["waits"].append(median)
+                self._count(slowest, median)
                 return []
         if min(waits.values()) < WAIT_MARK:
             self.candidate = None
@@ -119,12 +120,16 @@ class SlowestWatch:
 
     def _mark(self, label, since, now, median):
         self.marked = (label, since)
-        named = self.named.setdefault(label, {"since": since, "seconds": 0.0, "waits": []})
-        named["waits"].append(median)
+        self.named.setdefault(label, {"since": since, "seconds": 0.0, "waits": (0.0, 0)})
+        self._count(label, median)
         text = wording.slowest(label, median)
         self.reporter.note(text)
         self.reporter.task_slowest(self.running[label], True)
         return Cause(SLOWEST, text, (self.running[label],))
+
+    def _count(self, label, median):
+        total, count = self.named[label]["waits"]
+        self.named[label]["waits"] = (total + median, count + 1)
 
     def _unmark(self, now, quiet=False):
         label, since = self.marked
@@ -136,15 +141,14 @@ class SlowestWatch:
 
     def summary(self, now=None):
         """One line per task that was the slowest, for the run's summary."""
-        import statistics
         now = now or time.time()
         lines = []
         for label, named in sorted(self.named.items()):
             seconds = named["seconds"]
             if self.marked and self.marked[0] == label:
                 seconds += now - self.marked[1]
-            lines.append(wording.was_slowest(label, seconds, named["since"],
-                                             statistics.median(named["waits"])))
+            total, count = named["waits"]
+            lines.append(wording.was_slowest(label, seconds, named["since"], total / count))
         return lines
 
 

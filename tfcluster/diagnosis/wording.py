@@ -207,7 +207,7 @@ def no_longer_slowest(label):
 
 def was_slowest(label, seconds, since, wait):
     """The summary's line: LABEL was the slowest for SECONDS from SINCE (a time); the others
-    waited WAIT (the median) of each step for it."""
+    waited WAIT (the mean) of each step for it."""
     return ("slowest: %s held the others back for %ds from %s: they waited %.0f%% of each step "
             "for it" % (label, seconds, time.strftime("%H:%M:%S", time.localtime(since)),
                         100 * wait))
