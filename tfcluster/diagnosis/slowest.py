@@ -26,8 +26,8 @@ from tfcluster.spec.cluster import TRAINING_JOBS
 
 WINDOW_S = 10.0
 HOLD_S = 10.0
-WAIT_MARK = 0.25    # of each step, by every other task: the busiest one is marked
-WAIT_CLEAR = 0.12   # of each step, the others' median: the mark goes
+WAIT_MARK = 0.2     # of each step, by every other task: the slowest one is marked
+WAIT_CLEAR = 0.1    # of each step, the others' median: the mark goes
 SYNCHRONOUS = 0.8   # the slowest rate over the fastest: the tasks step together
 MIN_BUSY = 0.05     # busy seconds per second of the busiest task: under it nobody computes
 
