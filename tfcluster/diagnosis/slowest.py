@@ -25,7 +25,7 @@ from tfcluster.diagnosis import SLOWEST, Cause, wording
 from tfcluster.spec.cluster import TRAINING_JOBS
 
 WINDOW_S = 10.0
-HOLD_S = 10.0
+HOLD_S = 5.0
 WAIT_MARK = 0.2     # of each step, by every other task: the slowest one is marked
 WAIT_CLEAR = 0.1    # of each step, the others' median: the mark goes
 SYNCHRONOUS = 0.8   # the slowest rate over the fastest: the tasks step together
