@@ -56,6 +56,8 @@ def limit_each_worker(launch, tasks, cores, tries):
                 raise AssertionError("%s; the limit throttled it in %s"
                                      % (err, throttled(group))) from None
             named_after.append(round(time.monotonic() - limited, 1))
+            print("try %d: %s named after %.1fs" % (attempt + 1, label, named_after[-1]),
+                  flush=True)
             assert [m.group(1) for m in found] == [label], found
             assert 20 <= int(found[0].group(2)) < 100
         launch.line(r"^tfcluster: %s is no longer the one the others wait for$" % label, 90,
