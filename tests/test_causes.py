@@ -416,14 +416,16 @@ def test_a_worker_under_half_its_peers_median_for_long_enough_is_a_straggler():
     assert line.endswith("(at worst 0% of it)")
 
 
-def test_the_live_view_marks_the_straggler_row():
-    cluster = cluster_of(ps=0, workers=2)
+def test_the_live_view_marks_the_straggler_row_and_the_slowest_worker_row():
+    cluster = cluster_of(ps=0, workers=3)
     console = Console(file=io.StringIO(), width=140, color_system=None)
     reporter = LiveReporter(console=console, live=False)
     for task in cluster.tasks:
         reporter.task_started(task, 1)
     reporter.task_straggling(cluster.tasks[1], "worker:1 is a straggler: ...")
+    reporter.task_slowest(cluster.tasks[2], True)
     frame = Console(file=io.StringIO(), width=140, color_system=None)
     frame.print(reporter.render())
     rows = {line.split()[0]: line for line in frame.file.getvalue().splitlines() if line}
     assert "running, straggler" in rows["worker:1"] and "straggler" not in rows["worker:0"]
+    assert "running, slowest" in rows["worker:2"] and "slowest" not in rows["worker:1"]

@@ -2,6 +2,7 @@
 TensorBoard event files (the last one imports TensorFlow: slow)."""
 import argparse
 import os
+import time
 
 import numpy as np
 import pytest
@@ -50,6 +51,20 @@ def test_only_the_chief_reports_the_global_step_rate(no_tensorflow, capsys):
         progress.tick(step, loss=0.5)
     points = parsed_lines(capsys.readouterr().out, "metric")
     assert len(points) == 3 and not any("global_steps_per_s" in p for p in points)
+
+
+def test_each_point_after_the_first_carries_busy_and_the_timed_wait(no_tensorflow, capsys):
+    progress = loop.Progress(None, argparse.Namespace(log_every=1), 32, 0, 2.3)
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:
+        pass  # compute: the busy figure grows
+    progress.waited(0.1)
+    progress.tick(1, 2.0)
+    progress.tick(2, 1.9)  # untimed: nothing in the collective since the last point
+    first, second, third = parsed_lines(capsys.readouterr().out, "metric")
+    assert "busy" not in first and "wait" not in first
+    assert second["busy"] > 0.3 and 0 < second["wait"] <= 1.0
+    assert "busy" in third and third["wait"] == 0.0
 
 
 def test_seeded_batches_repeat_and_differ_per_worker():

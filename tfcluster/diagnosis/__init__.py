@@ -8,6 +8,7 @@ STALL = "stall"          # tasks that print nothing and compute nothing, and wha
 WAIT = "wait"            # a TF1 task that waits in CreateSession for a peer, and why
 END = "end"              # a task's end that fails the run
 STRAGGLER = "straggler"  # a training task under half its peers' median rate
+SLOWEST = "slowest"      # the worker the others wait for in synchronous training
 
 
 @value_class(frozen=True)

@@ -2,9 +2,12 @@
 run's tasks; the launcher asks it, through the monitor, what stalled, which end failed the run and
 who lags, and the teardown asks it for the report. Each answer is a Cause (diagnosis/__init__.py),
 worded by wording.py."""
+import time
+
 from tfcluster.diagnosis import END, Cause, rootcause, wording
 from tfcluster.diagnosis.causes import SessionWaits
 from tfcluster.diagnosis.hints import print_hints
+from tfcluster.diagnosis.slowest import SlowestWatch
 from tfcluster.diagnosis.stall import StallFollower
 from tfcluster.diagnosis.stragglers import StragglerWatch
 
@@ -18,6 +21,7 @@ class Diagnosis:
         self.ends = rootcause.EndOrder()
         self.waits = SessionWaits(monitor)
         self.stragglers = StragglerWatch(monitor.reporter)
+        self.slowest = SlowestWatch(monitor.reporter)
         self.stalls = None  # a StallFollower, once a launch watches its run for stalls
 
     # ------------------------------------------------------------ a launch follows its run
@@ -38,12 +42,14 @@ class Diagnosis:
     def started(self, task):
         self.ends.started(task)
         self.stragglers.started(task)
+        self.slowest.started(task)
         self.waits.started(task)
 
     def exited(self, task, at=None):
         """TASK ended, at AT on its host's clock when known."""
         self.ends.exited(task, at)
         self.stragglers.ended(task)
+        self.slowest.ended(task)
 
     def line(self, task, text):
         """A line TASK printed: the Cause of kind WAIT it names, or None."""
@@ -55,6 +61,7 @@ class Diagnosis:
 
     def metric(self, task, point):
         self.stragglers.metric(task, point)
+        self.slowest.metric(task, point)
 
     def stall_event(self, task, msg):
         """An agent's Stalled or Resumed event about TASK."""
@@ -75,9 +82,11 @@ class Diagnosis:
         """The last stall's Cause while its tasks are still stalled, else None."""
         return self.stalls.current() if self.stalls is not None else None
 
-    def straggling(self):
-        """The Causes (kind STRAGGLER) of the tasks that straggle from now on."""
-        return self.stragglers.tick()
+    def straggling(self, now=None):
+        """The Causes of the tasks that lag from now on: of kind STRAGGLER (a rate under half
+        its peers'), or SLOWEST (the worker a synchronous run waits for)."""
+        now = now or time.time()
+        return self.stragglers.tick(now) + self.slowest.tick(self.stragglers.rates(now)[0], now)
 
     def failure(self):
         """The Cause (kind END) of the earliest end that fails the run, or None: its task is the
@@ -115,10 +124,12 @@ class Diagnosis:
                                    self.monitor.ended_at, self.ends)
         story = rootcause.story(found)
         notes = rootcause.row_notes(found)
-        for label in self.stragglers.named:
-            notes[label] = ", ".join(filter(None, [notes.get(label), wording.STRAGGLER]))
+        for word, named in ((wording.STRAGGLER, self.stragglers.named),
+                            (wording.SLOWEST, self.slowest.named)):
+            for label in named:
+                notes[label] = ", ".join(filter(None, [notes.get(label), word]))
         return ([story] if story else []) + [str(c) for c in self.waits.findings] + \
-            self.stragglers.summary(), notes
+            self.stragglers.summary() + self.slowest.summary(), notes
 
     def print_hints(self, record_dir, log_names):
         """The hints (hints.py) for the failed tasks' logs LOG_NAMES in RECORD_DIR."""

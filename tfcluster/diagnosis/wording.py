@@ -226,10 +226,28 @@ def straggled(label, seconds, since, worst):
                         100 * worst))
 
 
+def slowest(label, wait):
+    """LABEL is the busiest task of a synchronous run; the others wait WAIT of each step."""
+    return "%s is the slowest: the others wait %.0f%% of each step for it" % (label, 100 * wait)
+
+
+def no_longer_slowest(label):
+    return "%s is no longer the one the others wait for" % label
+
+
+def was_slowest(label, seconds, since, wait):
+    """The summary's line: LABEL was the slowest for SECONDS from SINCE (a time); the others
+    waited WAIT (the mean) of each step for it."""
+    return ("slowest: %s held the others back for %ds from %s: they waited %.0f%% of each step "
+            "for it" % (label, seconds, time.strftime("%H:%M:%S", time.localtime(since)),
+                        100 * wait))
+
+
 # ------------------------------------------------------------ the report
 
 FIRST_FAILURE = "first failure"
 STRAGGLER = "straggler"
+SLOWEST = "slowest"
 
 
 def story(followers, root, status, at):

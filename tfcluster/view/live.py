@@ -54,6 +54,7 @@ class _Row:
         self.restarts = 0
         self.last_line = None
         self.straggler = False
+        self.slowest = False  # the worker a synchronous run waits for (diagnosis/slowest.py)
 
 
 class LiveReporter(Reporter):
@@ -141,6 +142,11 @@ class LiveReporter(Reporter):
         with self._lock:
             row.straggler = straggling
 
+    def task_slowest(self, task, slowest):
+        row = self._row(task)
+        with self._lock:
+            row.slowest = slowest
+
     def render(self):
         """The table, the cluster line and the log tail, as one rich renderable."""
         now = time.time()
@@ -165,9 +171,11 @@ class LiveReporter(Reporter):
                 if self.target:
                     step_text += " (%d%%)" % min(100, int(100 * step / self.target))
             state = row.state if row.exit is None else "%s %s" % (row.state, row.exit)
-            if row.straggler and row.exit is None:
-                state += ", straggler"
-            table.add_row(row.task.label, Text(state, style="bold yellow" if row.straggler and
+            marks = [word for word, marked in (("straggler", row.straggler),
+                                               ("slowest", row.slowest)) if marked]
+            if marks and row.exit is None:
+                state = ", ".join([state] + marks)
+            table.add_row(row.task.label, Text(state, style="bold yellow" if marks and
                                                row.exit is None else
                                                STATE_STYLE.get(row.state, "")),
                           row.task.machine.address, step_text, _number(point.get("loss")),

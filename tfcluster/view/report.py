@@ -145,6 +145,10 @@ class Reporter:
     def task_straggling(self, task, straggling):
         """TASK became a straggler (STRAGGLING true) or caught up; a note says so too."""
 
+    def task_slowest(self, task, slowest):
+        """TASK became the worker a synchronous run waits for (SLOWEST true) or no longer is; a
+        note says so too."""
+
     def new_run(self):
         """Another run's tasks follow (--baseline runs two): forget the last one's."""
 

@@ -3,6 +3,13 @@
 $TFCLUSTER_RUN_DIR/tensorboard/<task>/), evaluation, and the final result in the one schema
 (protocol.RESULT_KEYS plus the example's extras, among them `devices` and `num_gpus`).
 
+Each point after the first carries `busy`: the seconds this process's threads ran or waited for a
+CPU (/proc/self/task/*/schedstat) per second since the last point. In synchronous training every
+worker takes the same steps, so a worker that waits for its peers is less busy than the one they
+wait for, however contended the machine is (diagnosis/slowest.py compares them). A trainer that
+times its collective apart (waited()) adds `wait`: the share of the time since the last point it
+spent there, waiting for the slowest worker.
+
 Host side: TensorFlow, numpy and the standard library only.
 """
 import math
@@ -40,6 +47,25 @@ def build_inputs(dataset, info, args):
     shard = dataset.shard(info.index, info.num_workers)
     return data.batches(shard.train_x, shard.train_y, args.batch_size,
                         seed=(args.seed, info.index))
+
+
+def busy_seconds(threads="/proc/self/task"):
+    """Seconds the threads of THREADS ran on a CPU or waited to run (a CPU limit's throttling
+    included), summed; None where the kernel keeps no schedstat. Threads that ended are not
+    counted: a point's figure may fall short while the thread pools change."""
+    total = 0
+    try:
+        names = os.listdir(threads)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(os.path.join(threads, name, "schedstat")) as handle:
+                ran, waited = handle.read().split()[:2]
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+        total += int(ran) + int(waited)
+    return total / 1e9 if names else None
 
 
 def num_gpus():
@@ -116,6 +142,8 @@ class Progress:
         self.drained = False  # the loop ended on the termination notice (draining())
         self.timer = bootstrap.Timer()
         self._last = (self.timer.seconds, 0, self.start_step)
+        self._busy = busy_seconds()
+        self._waited = None  # seconds in the collective since the last point, once timed
         self.point(self.start_step, initial_loss, accuracy=initial_accuracy)
 
     def tick(self, step, loss=None, **scalars):
@@ -124,6 +152,10 @@ class Progress:
         self.step = int(step)
         if self.local_steps % self.log_every == 0:
             self.point(self.step, loss, **scalars)
+
+    def waited(self, seconds):
+        """This step spent SECONDS in the collective (its all-reduce), after its own compute."""
+        self._waited = (self._waited or 0.0) + seconds
 
     def notice(self):
         """True when the termination notice is here: a stat."""
@@ -146,11 +178,18 @@ class Progress:
     def point(self, step, loss=None, **scalars):
         now = self.timer.seconds
         since, local, global_step = self._last
+        busy, busy_before = busy_seconds(), self._busy
+        self._busy = busy
         rate = None
         if now > since and self.local_steps > local:
             rate = (self.local_steps - local) * self.batch_size / (now - since)
             if self.chief:
                 scalars["global_steps_per_s"] = (int(step) - global_step) / (now - since)
+            if busy is not None and busy_before is not None and busy >= busy_before:
+                scalars["busy"] = round((busy - busy_before) / (now - since), 3)
+            if self._waited is not None:
+                scalars["wait"] = round(min(1.0, self._waited / (now - since)), 3)
+        self._waited = None if self._waited is None else 0.0
         self._last = (now, self.local_steps, int(step))
         rate = round(rate, 1) if rate is not None else None
         protocol.report_metric(step, loss, rate, **scalars)

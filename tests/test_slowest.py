@@ -1,0 +1,147 @@
+"""The slowest worker of synchronous training, from synthetic metrics points (the fast tier): the
+busy figure the trainers report, the Diagnosis that compares it and the summary (the live row:
+test_causes.py). A real 3-worker run with one worker under a CPU limit: test_slowest_launch.py."""
+import random
+
+from test_causes import monitor_of
+from test_launcher_unit import cluster_of
+from tfcluster.diagnosis import SLOWEST
+from tfcluster.diagnosis.slowest import HOLD_S, WINDOW_S
+from trainers.common.loop import busy_seconds
+
+EXAMPLES_PER_S = 300.0
+
+
+def feed(diagnosis, tasks, busy, start, seconds, every=1.0, rates=None, jitter=0.0, rng=None,
+         key="busy"):
+    """Points every EVERY s from START for SECONDS: each task at its BUSY figure (plus or minus
+    JITTER of it; KEY "wait": its share of time in the collective) and the same rate unless
+    RATES says; returns (now, the Causes named)."""
+    now, named = start, []
+    while now < start + seconds:
+        now += every
+        for task in tasks:
+            figure = busy[task.label] * (1 + (rng.uniform(-jitter, jitter) if jitter else 0))
+            rate = (rates or {}).get(task.label, EXAMPLES_PER_S)
+            diagnosis.slowest.metric(task, {"step": 1, "examples_per_s": rate, key: figure},
+                                     now)
+            diagnosis.stragglers.metric(task, {"step": 1, "examples_per_s": rate}, now)
+        named += diagnosis.straggling(now)
+    return now, named
+
+
+def workers(n=3):
+    cluster = cluster_of(ps=0, workers=n)
+    monitor, _, console = monitor_of(cluster)
+    return cluster, monitor.diagnosis, console
+
+
+def test_the_worker_the_others_wait_for_is_named_once_with_their_wait():
+    cluster, diagnosis, console = workers()
+    busy = {"worker:0": 1.0, "worker:1": 1.0, "worker:2": 1.0}
+    now, named = feed(diagnosis, cluster.tasks, busy, 1000.0, 30)
+    assert named == []
+    busy.update({"worker:0": 0.55, "worker:1": 0.65})  # worker:2 computes, they wait for it
+    now, named = feed(diagnosis, cluster.tasks, busy, now, 60)
+    assert [(c.kind, c.task) for c in named] == [(SLOWEST, cluster.find("worker:2"))]
+    assert named[0].text == "worker:2 is the slowest: the others wait 40% of each step for it"
+    assert "tfcluster: worker:2 is the slowest: the others wait 40% of each step for it" \
+        in console.getvalue()
+    lines, notes = diagnosis.report()
+    assert lines[-1].startswith("slowest: worker:2 held the others back for ")
+    assert lines[-1].endswith(": they waited 40% of each step for it")
+    assert notes == {"worker:2": "slowest"}
+
+
+def test_it_is_named_within_the_window_and_the_hold():
+    cluster, diagnosis, _ = workers()
+    busy = {"worker:0": 1.0, "worker:1": 1.0, "worker:2": 1.0}
+    now, _ = feed(diagnosis, cluster.tasks, busy, 1000.0, 20)
+    busy.update({"worker:0": 0.5, "worker:1": 0.5})
+    named_at = None
+    for _ in range(40):
+        now, named = feed(diagnosis, cluster.tasks, busy, now, 1)
+        if named:
+            named_at = now
+            break
+    assert named_at is not None and named_at - 1020.0 <= WINDOW_S + HOLD_S
+
+
+def test_a_healthy_run_on_contended_cores_names_nobody():
+    """Ten simulated minutes of three workers whose busy figures jitter by 20% each point (the
+    scheduler's luck on shared cores), with bursts where one of them lags for a few seconds."""
+    cluster, diagnosis, console = workers()
+    rng = random.Random(42)
+    busy = {"worker:0": 1.2, "worker:1": 1.2, "worker:2": 1.2}
+    now, named = 1000.0, []
+    for _ in range(60):
+        now, found = feed(diagnosis, cluster.tasks, busy, now, 8, jitter=0.2, rng=rng)
+        named += found
+        lagging = rng.choice(cluster.tasks).label  # a short burst: the others wait 40% for it
+        now, found = feed(diagnosis, cluster.tasks,
+                          {label: 1.2 if label == lagging else 0.7 for label in busy}, now, 2,
+                          jitter=0.2, rng=rng)
+        named += found
+    assert named == [] and console.getvalue() == ""
+    assert diagnosis.report() == ([], {})
+
+
+def test_the_mark_holds_until_the_wait_falls_under_the_lower_mark():
+    cluster, diagnosis, console = workers()
+    busy = {"worker:0": 0.5, "worker:1": 0.5, "worker:2": 1.0}
+    now, named = feed(diagnosis, cluster.tasks, busy, 1000.0, 40)
+    assert len(named) == 1
+    busy.update({"worker:0": 0.82, "worker:1": 0.82})  # 18%: under the mark, over the clear
+    now, named = feed(diagnosis, cluster.tasks, busy, now, 30)
+    assert named == [] and "no longer" not in console.getvalue()
+    busy.update({"worker:0": 0.97, "worker:1": 0.97})
+    now, named = feed(diagnosis, cluster.tasks, busy, now, 30)
+    assert console.getvalue().endswith(
+        "tfcluster: worker:2 is no longer the one the others wait for\n")
+    line, = diagnosis.report()[0]
+    assert line.startswith("slowest: worker:2 held the others back for ")
+
+
+def test_the_time_in_the_collective_names_the_worker_that_waits_least():
+    """The trainer's own timing: worker:1 spends 5% of its time in the all-reduce (the
+    transfer), the others 45%: they wait 40% for it."""
+    cluster, diagnosis, console = workers()
+    wait = {"worker:0": 0.45, "worker:1": 0.05, "worker:2": 0.45}
+    _, named = feed(diagnosis, cluster.tasks, wait, 1000.0, 40, key="wait")
+    assert [(c.kind, c.task) for c in named] == [(SLOWEST, cluster.find("worker:1"))]
+    assert named[0].text == "worker:1 is the slowest: the others wait 40% of each step for it"
+
+
+def test_a_healthy_run_timed_in_its_collective_names_nobody():
+    cluster, diagnosis, _ = workers()
+    rng = random.Random(7)
+    _, named = feed(diagnosis, cluster.tasks, {t.label: 0.3 for t in cluster.tasks}, 1000.0,
+                    600, jitter=0.9, rng=rng, key="wait")
+    assert named == []
+
+
+def test_workers_whose_rates_differ_are_not_synchronous_and_not_judged_by_waiting():
+    cluster, diagnosis, _ = workers()
+    busy = {"worker:0": 0.4, "worker:1": 0.4, "worker:2": 1.0}
+    rates = {"worker:0": 300.0, "worker:1": 300.0, "worker:2": 200.0}
+    _, named = feed(diagnosis, cluster.tasks, busy, 1000.0, 60, rates=rates)
+    assert named == []
+
+
+def test_tasks_that_report_no_busy_figure_are_not_judged():
+    cluster, diagnosis, _ = workers(2)
+    for now in range(1000, 1060):
+        for task in cluster.tasks:
+            diagnosis.metric(task, {"step": 1, "examples_per_s": 100.0})
+        assert diagnosis.straggling(float(now)) == []
+
+
+def test_busy_seconds_sum_what_the_threads_ran_and_waited(tmp_path):
+    for tid, (ran, waited) in {"10": (2_000_000_000, 500_000_000), "11": (1, 0)}.items():
+        (tmp_path / tid).mkdir()
+        (tmp_path / tid / "schedstat").write_text("%d %d 7\n" % (ran, waited))
+    (tmp_path / "12").mkdir()  # a thread that ended between the listing and the read
+    assert busy_seconds(str(tmp_path)) == 2.500000001
+    assert busy_seconds(str(tmp_path / "absent")) is None
+    assert busy_seconds() > 0  # this process's own threads
+

@@ -1,0 +1,98 @@
+"""The slowest worker of a real synchronous run on this machine (root: a cgroup CPU limit): three
+MultiWorkerMirroredStrategy workers train, healthy, and nobody is named; then one worker at a
+time is held to half a core, named within 30 s, and let go, TRIES times. Synthetic points:
+test_slowest.py."""
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from support.cli import assert_run_clean, run_record
+from support.cpulimit import cpu_hierarchy, cpu_limited, throttled
+from support.procs import wait_for
+from test_causes_launch import Launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+TRIES = 10
+HEALTHY_S = 120   # of training, all three at full speed, before the first limit
+NAMED_WITHIN_S = 30
+# Enough compute per step that the limit shows in the step time, not only the all-reduce.
+TRAINER = ["--train_steps=100000000", "--log_every=5", "--batch_size=1500", "--hidden_units=2048"]
+SLOWEST = r"^tfcluster: (worker:\d) is the slowest: the others wait (\d+)% of each step for it$"
+
+
+def matches(launch, pattern, start):
+    """The matches of PATTERN in the launch's lines from index START on."""
+    return [m for m in (re.match(pattern, line.rstrip("\n")) for line in launch.lines[start:])
+            if m]
+
+
+def launch_three_workers(inventory, runs_dir):
+    """A 3-worker multi_worker_mirrored launch, once all three report points; its tasks."""
+    launch = Launch(runs_dir, "multi_worker_mirrored", "--smoke", "-i", inventory, "--workers",
+                    "3", "--ps", "0", "--chief", "0", "--plain", "--", *TRAINER)
+    for label in ("worker:0", "worker:1", "worker:2"):
+        launch.line(r"^\[%s localhost\] step \d" % label, 300, label + "'s first points")
+    return launch, run_record(runs_dir)["tasks"]
+
+
+def limit_each_worker(launch, tasks, cores, tries):
+    """Hold worker:0, 1, 2, ... in turn to CORES for TRIES tries: each must be named within
+    NAMED_WITHIN_S, and let go; the seconds each took to be named."""
+    named_after = []
+    for attempt in range(tries):
+        label = "worker:%d" % (attempt % 3)
+        seen = len(launch.lines)
+        with cpu_limited(tasks[label]["pid"], cores) as group:
+            limited = time.monotonic()
+            try:
+                found = wait_for(lambda: matches(launch, SLOWEST, seen), NAMED_WITHIN_S,
+                                 "%s named as the slowest (try %d)" % (label, attempt + 1))
+            except AssertionError as err:
+                # Few periods: a machine too loaded to give the worker that much CPU anyway.
+                raise AssertionError("%s; the limit throttled it in %s"
+                                     % (err, throttled(group))) from None
+            named_after.append(round(time.monotonic() - limited, 1))
+            print("try %d: %s named after %.1fs" % (attempt + 1, label, named_after[-1]),
+                  flush=True)
+            assert [m.group(1) for m in found] == [label], found
+            assert 20 <= int(found[0].group(2)) < 100
+        launch.line(r"^tfcluster: %s is no longer the one the others wait for$" % label, 90,
+                    label + " let go")
+    return named_after
+
+
+def stop(launch):
+    """The launcher's SIGINT (its teardown stops the tasks, the summary follows); its output."""
+    if launch.proc.poll() is None:
+        launch.proc.send_signal(signal.SIGINT)
+    try:
+        return launch.end(180)
+    finally:
+        launch.kill()
+
+
+@pytest.mark.timeout(1500)
+def test_a_worker_held_to_half_a_core_is_named_within_30s_and_a_healthy_run_names_nobody(
+        local_env):
+    if os.geteuid() != 0 or cpu_hierarchy() is None:
+        pytest.fail("needs root and a cgroup cpu controller (v2 cpu.max or v1 cpu) to limit "
+                    "a worker's CPU")
+    launch, tasks = launch_three_workers(*local_env)
+    try:
+        start = time.monotonic()
+        wait_for(lambda: time.monotonic() - start >= HEALTHY_S or matches(launch, SLOWEST, 0),
+                 HEALTHY_S + 5, "the healthy stretch")
+        assert matches(launch, SLOWEST, 0) == [], "a healthy run named a slowest worker"
+        print("named after (s):", limit_each_worker(launch, tasks, 0.5, TRIES))
+    finally:
+        output = stop(launch)
+    rows = {line.split()[0]: line for line in output.splitlines()
+            if re.match(r"worker:\d +localhost +", line)}
+    assert all(rows[w].endswith("(slowest)") for w in ("worker:0", "worker:1", "worker:2")), rows
+    assert len(re.findall(r"\nslowest: worker:\d held the others back for \d+s from "
+                          r"\d\d:\d\d:\d\d: they waited \d+% of each step for it", output)) == 3
+    assert_run_clean(run_record(local_env[1]))
