@@ -2,13 +2,12 @@
 proxy exemptions, the first failure first, TF1's CreateSession wait diagnosed, stragglers.
 Real launches of the same: test_causes_launch.py (local) and test_causes_hosts.py (test hosts)."""
 import io
-import queue
 import time
 from types import SimpleNamespace
 
 from rich.console import Console
 
-from support.fakehosts import FakeHosts, FakeLink, cluster_of, run
+from support.fakehosts import FakeHosts, FakeLink, cluster_of, monitor_of, run
 from support.ports import free_port_block
 from support.task_output import CREATE_SESSION
 from tfcluster.launch import proxy
@@ -16,7 +15,6 @@ from tfcluster.launch import reach
 from tfcluster.diagnosis import END, STRAGGLER, WAIT, Cause, rootcause
 from tfcluster.errors import PreflightError, RunFailed
 from tfcluster.view.live import LiveReporter
-from tfcluster.launch.monitor import Monitor
 from tfcluster.runs.record import PreflightReport, TaskState, TaskStatus
 from tfcluster.view.report import PlainReporter, is_noise
 from tfcluster.diagnosis.stragglers import StragglerWatch
@@ -253,24 +251,6 @@ def test_tasks_the_teardown_stopped_are_not_failures():
 
 
 # ------------------------------------------------------------------ CreateSession waits
-
-class Hosts:
-    def __init__(self, cluster):
-        self.events = queue.Queue()
-        self.sent = []
-        link = type("Link", (), {"send": lambda _, msg: self.sent.append(msg)})()
-        self.links = {m.key: link for m, _ in cluster.machines()}
-
-
-def monitor_of(cluster):
-    console = io.StringIO()
-    monitor = Monitor(Hosts(cluster), cluster, None, PlainReporter(console, echo=False))
-    monitor.diagnosis.configure({}, straggler_after=30)
-    key = cluster.tasks[0].machine.key
-    for task in cluster.tasks:
-        monitor.handle(key, P.Started(name=task.name, pid=1, time=time.time()))
-    return monitor, key, console
-
 
 def test_the_diagnosis_names_each_cause_with_its_kind_and_task():
     """The monitor hands the events on; what the Diagnosis names comes back as a Cause: a

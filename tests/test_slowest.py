@@ -3,8 +3,7 @@ busy figure the trainers report, the Diagnosis that compares it and the summary 
 test_causes.py). A real 3-worker run with one worker under a CPU limit: test_slowest_launch.py."""
 import random
 
-from test_causes import monitor_of
-from test_launcher_unit import cluster_of
+from support.fakehosts import cluster_of, monitor_of
 from tfcluster.diagnosis import SLOWEST
 from tfcluster.diagnosis.slowest import HOLD_S, WINDOW_S
 from trainers.common.loop import busy_seconds

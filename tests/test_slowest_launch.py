@@ -1,7 +1,11 @@
 """The slowest worker of a real synchronous run on this machine (root: a cgroup CPU limit): three
 MultiWorkerMirroredStrategy workers train, healthy, and nobody is named; then one worker at a
-time is held to half a core, named within 30 s, and let go, TRIES times. Synthetic points:
-test_slowest.py."""
+time is held to a tenth of a core, named within 30 s, and let go, TRIES times. Synthetic points:
+test_slowest.py.
+
+Three workers on this 2-core machine get about two thirds of a core each: a limit of half a core
+hardly slows one (its cgroup was throttled in 2 to 73 of 300 periods), a tenth does. Each try
+costs a minute of the whole machine, so the suite makes one; 10 of 10 is a measurement."""
 import os
 import re
 import signal
@@ -12,12 +16,13 @@ import pytest
 from support.cli import assert_run_clean, run_record
 from support.cpulimit import cpu_hierarchy, cpu_limited, throttled
 from support.procs import wait_for
-from test_causes_launch import Launch
+from support.cli import Launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
-TRIES = 10
-HEALTHY_S = 120   # of training, all three at full speed, before the first limit
+TRIES = 1
+CORES = 0.1
+HEALTHY_S = 60    # of training, all three at full speed, before the first limit
 NAMED_WITHIN_S = 30
 # Enough compute per step that the limit shows in the step time, not only the all-reduce.
 TRAINER = ["--train_steps=100000000", "--log_every=5", "--batch_size=1500", "--hidden_units=2048"]
@@ -76,7 +81,7 @@ def stop(launch):
 
 
 @pytest.mark.timeout(1500)
-def test_a_worker_held_to_half_a_core_is_named_within_30s_and_a_healthy_run_names_nobody(
+def test_a_worker_held_to_a_tenth_of_a_core_is_named_within_30s_and_a_healthy_run_names_nobody(
         local_env):
     if os.geteuid() != 0 or cpu_hierarchy() is None:
         pytest.fail("needs root and a cgroup cpu controller (v2 cpu.max or v1 cpu) to limit "
@@ -87,12 +92,14 @@ def test_a_worker_held_to_half_a_core_is_named_within_30s_and_a_healthy_run_name
         wait_for(lambda: time.monotonic() - start >= HEALTHY_S or matches(launch, SLOWEST, 0),
                  HEALTHY_S + 5, "the healthy stretch")
         assert matches(launch, SLOWEST, 0) == [], "a healthy run named a slowest worker"
-        print("named after (s):", limit_each_worker(launch, tasks, 0.5, TRIES))
+        print("named after (s):", limit_each_worker(launch, tasks, CORES, TRIES))
     finally:
         output = stop(launch)
     rows = {line.split()[0]: line for line in output.splitlines()
             if re.match(r"worker:\d +localhost +", line)}
-    assert all(rows[w].endswith("(slowest)") for w in ("worker:0", "worker:1", "worker:2")), rows
+    limited = {"worker:%d" % (attempt % 3) for attempt in range(TRIES)}
+    assert all(rows[w].endswith("(slowest)") == (w in limited)
+               for w in ("worker:0", "worker:1", "worker:2")), rows
     assert len(re.findall(r"\nslowest: worker:\d held the others back for \d+s from "
-                          r"\d\d:\d\d:\d\d: they waited \d+% of each step for it", output)) == 3
+                          r"\d\d:\d\d:\d\d: they waited \d+% of each step for it", output)) == TRIES
     assert_run_clean(run_record(local_env[1]))

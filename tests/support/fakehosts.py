@@ -10,6 +10,7 @@ from tfcluster.spec import catalog
 from tfcluster.hosts.fanout import Outcomes
 from tfcluster.hosts.inventory import Machine, Slot
 from tfcluster.launch.launcher import Launch, LaunchOptions
+from tfcluster.launch.monitor import Monitor
 from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import build_cluster
 from tfcluster_agent import protocol as P
@@ -149,3 +150,24 @@ class StallingLink(FakeLink):
         if isinstance(msg, stall.TakeStacks):
             return P.Report(report={"stacks": {"worker-0": IN_COLLECTIVE, "worker-1": WAITING}})
         return super().request(msg, timeout, what, collect)
+
+
+class SendingHosts:
+    """Hosts whose links keep what the monitor sends them."""
+
+    def __init__(self, cluster):
+        self.events = queue.Queue()
+        self.sent = []
+        link = type("Link", (), {"send": lambda _, msg: self.sent.append(msg)})()
+        self.links = {m.key: link for m, _ in cluster.machines()}
+
+
+def monitor_of(cluster):
+    """A monitor of CLUSTER whose tasks all started; (monitor, a machine key, its console)."""
+    console = io.StringIO()
+    monitor = Monitor(SendingHosts(cluster), cluster, None, PlainReporter(console, echo=False))
+    monitor.diagnosis.configure({}, straggler_after=30)
+    key = cluster.tasks[0].machine.key
+    for task in cluster.tasks:
+        monitor.handle(key, P.Started(name=task.name, pid=1, time=time.time()))
+    return monitor, key, console
