@@ -19,13 +19,15 @@ from tfcluster.runs.metrics import MetricsStore, efficiency_message
 from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.launch.plan import launch_counts, make_cluster
 from tfcluster.view.plot import write_run_svg
-from tfcluster.launch.preflight import (check_checkpoint_folder, controller_code_hash, preflight,
-                                        print_preflight)
+from tfcluster.launch.preflight import (check_checkpoint_folder, check_spares,
+                                        controller_code_hash, preflight, print_preflight)
 from tfcluster.runs import provenance
-from tfcluster.runs.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
+from tfcluster.runs.record import (RECORDED_FACTS, MachineRecord, MoveEntry, RunState,
+                                   TaskRecord)
+from tfcluster.diagnosis import wording
 from tfcluster.spec.catalog import code_root
 from tfcluster.view.report import PlainReporter
-from tfcluster.spec.cluster import TRAINING_JOBS
+from tfcluster.spec.cluster import TRAINING_JOBS, Cluster
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
 from tfcluster.runs.store import host_run_dir, write_task_records
 from tfcluster.launch.teardown import STOP_SIGNALS, Drain, finish, silence_terminal, stop_tasks
@@ -58,6 +60,7 @@ class LaunchOptions:
     lease: float = 60.0
     lost_contact: float = 30.0
     restarts: int = 0
+    spares: int | None = 0         # --spares: machines drawn from unused slots (None: all)
     baseline: bool = False
     cwd: str | None = None
     env: dict = field(default_factory=dict)
@@ -78,7 +81,9 @@ class Launch:
         self.reporter = reporter or PlainReporter()
         self.run_id = options.run_id or runs.new_run_id(options.example.name)
         self.record = runs.create(options.runs_dir, runs.check_run_id(self.run_id))
-        self.hosts = hosts or Hosts([m for m, _ in cluster.machines()])
+        # Spares get no task at the start; the rebuilt clusters of gpus/ and sharing keep theirs.
+        self.spares = list(cluster.spares)
+        self.hosts = hosts or Hosts([m for m, _ in cluster.machines()] + self.spares)
         self.monitor = None
         self.stop_event = threading.Event()
         self.stop_reason = None
@@ -130,8 +135,11 @@ class Launch:
         for line in sharing.unfenced_warnings(self.cluster, reports) + provenance.package_warnings(
                 [m for m, _ in self.cluster.machines()], reports):
             self.reporter.note("warning: " + line)
-        specs = self.specs = task_specs(self.cluster, options, self.run_id,
-                                        thread_plan(self.cluster, reports, options))
+        self.spares, left_out = check_spares(self.hosts, self.spares)
+        for line in left_out:
+            self.reporter.note("warning: " + line)
+        self.threads = thread_plan(self.cluster, reports, options)
+        specs = self.specs = task_specs(self.cluster, options, self.run_id, self.threads)
         gpuqueue.hand_claims(specs, self.cluster, reports)
         proxies = proxy.exempt_cluster(specs, self.cluster, reports, options.env)
         if proxies:
@@ -271,11 +279,18 @@ class Launch:
             if leftovers:
                 raise RunFailed("cannot restart the job: " + "; ".join(leftovers))
             self.monitor.pump(0)
+        self._start_again(tasks, count)
+        runs.save(self.record)
+        return True
+
+    def _start_again(self, tasks, count):
+        """Start TASKS (of self.cluster) again, the COUNTth time."""
+        labels = {t.label for t in tasks}
         for machine, mine in self.cluster.machines():
             # Programs may tell a restart from a first start (e.g. to skip a start barrier).
             specs = [self.specs[t.label].replace(env=dict(self.specs[t.label].env,
                                                           TFCLUSTER_RESTARTS=str(count))).to_json()
-                     for t in mine if t in tasks]
+                     for t in mine if t.label in labels]
             if specs:
                 self.hosts.link(machine).request(
                     P.Start(run_dir=host_run_dir(machine, self.run_id), tasks=specs,
@@ -285,8 +300,68 @@ class Launch:
         for restarted in tasks:
             self.monitor.restarting(restarted)
             self.reporter.task_restarted(restarted, count)
+
+    # -- lost machines: their tasks move to spares (docs/spares.md)
+    def _move(self, machines, why):
+        """Move the tasks of lost MACHINES to spares and start them there (every task again,
+        from the last checkpoint, when the example's `move` or a moved chief or ps asks it);
+        False when too few spares are left."""
+        if len(self.spares) < len(machines):
+            return False
+        before, cluster, moves = self.cluster, self.cluster, []
+        for machine in machines:
+            spare = self.spares.pop(0)
+            labels = [t.label for t in cluster.tasks if t.machine.key == machine.key]
+            cluster = cluster.moved(machine.key, spare)
+            moves.append((machine, spare, labels))
+            link = self.hosts.links.get(machine.key)
+            if link is not None:
+                link.detaching = True  # no more pings: its lease ends what still runs there
+        moved = [t for t in cluster.tasks if any(t.label in labels for _, _, labels in moves)]
+        whole = self.options.example.move == "job" or any(t.job in ("chief", "ps")
+                                                          for t in moved)
+        # A machine lost by its failures still answers: what runs there stops first.
+        reachable = Cluster([t for t in before.tasks if t.label in {m.label for m in moved}
+                             and t.machine.key not in self._silent(machines)])
+        stopping = before if whole else reachable
+        leftovers = [line for line in stop_tasks(self.hosts, stopping, self.options.stop_grace,
+                                                 skip=self._silent(machines))
+                     if "unreachable" not in line] if stopping.tasks else []
+        if leftovers:
+            raise RunFailed("cannot move the tasks to a spare: " + "; ".join(leftovers))
+        self.monitor.pump(0)
+        self.cluster = cluster
+        self.monitor.placed(cluster)
+        self.specs = task_specs(cluster, self.options, self.run_id, self.threads)
+        self._record_moves(before, cluster, moves, why, whole)
+        count = len(self.record.restart_log) + len(self.record.moves)  # TFCLUSTER_RESTARTS
+        for machine, spare, labels in moves:
+            self.reporter.note(wording.moved(machine.label, spare.label, labels, whole, time.time()))
+        self._start_again(cluster.tasks if whole else moved, count)
         runs.save(self.record)
         return True
+
+    def _silent(self, machines):
+        """The keys of MACHINES whose agents do not answer."""
+        lost = {m.key for m in self.monitor.lost_machines(self.options.lost_contact)}
+        return {m.key for m in machines if m.key in lost}
+
+    def _record_moves(self, before, after, moves, why, whole):
+        record = self.record
+        known = {m.key for m in record.machines}
+        for machine, spare, labels in moves:
+            if spare.key not in known:
+                record.machines.append(MachineRecord(spare.to_dict(), {}))
+            record.moves.append(MoveEntry(
+                lost=machine.label, spare=spare.label, tasks=labels, why=why, scope="job" if whole else "task",
+                time=runs.now(), cluster_before=before.jobs(), cluster_after=after.jobs()))
+        for task in after.tasks:
+            entry = record.tasks[task.label]
+            entry.machine, entry.port = task.machine.key, task.port
+            entry.address = task.address if task.port else None
+            entry.host_run_dir = host_run_dir(task.machine, self.run_id)
+            entry.command = self.specs[task.label].command
+        record.cluster, record.cluster_spec = after.jobs(), after.cluster_spec_string()
 
     def _finish_grace(self):
         """How long other workers may go on once the policy is met. When a real chief
@@ -321,12 +396,26 @@ class Launch:
             failed = monitor.diagnosis.failure()
             if failed and self._restart(failed.task, str(failed)):
                 continue
+            if failed and options.restarts and self._move([failed.task.machine], (
+                    wording.failed_on_machine(failed.task.label, failed.task.machine.label,
+                                              self.record.tasks[failed.task.label].restarts + 1))):
+                continue
             if failed:
                 return RunFailed.of(monitor.diagnosis.failed(failed.task)), []
-            lost = monitor.lost_machines(options.lost_contact)
+            lost = monitor.lost_machines(options.lost_contact, [m.key for m in self.spares])
+            for spare in [m for m in self.spares if m in lost]:
+                self.spares.remove(spare)
+                self.reporter.note("warning: spare %s left out: %s" % (spare.label, (
+                    wording.machine_silent([spare.label], options.lost_contact))))
+            lost = [m for m in lost if m.key in {k.key for k, _ in cluster.machines()}]
             if lost:
-                return RunFailed("lost contact with %s for %gs: its agent stopped answering" % (
-                    ", ".join(m.label for m in lost), options.lost_contact)), lost
+                why = wording.machine_silent([m.label for m in lost], options.lost_contact)
+                if self._move(lost, why):
+                    cluster = self.cluster
+                    ps_tasks = cluster.job_tasks("ps")
+                    continue
+                return RunFailed(wording.no_spare_left(
+                    wording.joined_labels([m.label for m in lost]), why)), lost
             waiting = [t for t in ps_tasks if t.label not in monitor.listening]
             if waiting and time.monotonic() > self.ps_deadline:
                 return RunFailed("%s not listening after %gs (raise --start-timeout)" % (
@@ -363,8 +452,8 @@ def launch(inventory_path, options, load_slots, reporter=None, planned=None):
     example = options.example
     counts = launch_counts(example, options.counts)
     if not options.baseline:
-        return Launch(make_cluster(inventory_path, slots, counts, example), options,
-                      inventory_path, reporter).run()
+        return Launch(make_cluster(inventory_path, slots, counts, example, options.spares),
+                      options, inventory_path, reporter).run()
     # --baseline: the same example with a single training task first, then the cluster.
     reporter = reporter or PlainReporter()
     run_id = options.run_id or runs.new_run_id(example.name)
