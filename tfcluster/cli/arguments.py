@@ -69,8 +69,11 @@ def build_parser(only=None):
                    help="restart a failed worker up to N times (a failed chief or ps, or any "
                         "task of a job that must restart whole, restarts every task)")
     p.add_argument("--lost-contact", type=seconds, default=30.0,
-                   help="seconds without a word from a host's agent before the run fails "
-                        "(default 30)")
+                   help="seconds without a word from a host's agent before its machine is "
+                        "lost: its tasks move to a spare, or the run fails (default 30)")
+    p.add_argument("--spares", type=count, default=0,
+                   help="machines of unused inventory slots (number or 'all') held, like the "
+                        "[spare] group's, for a lost machine's tasks (docs/spares.md)")
     p.add_argument("--cwd", help="with --cmd: working directory on the hosts")
     p.add_argument("--plain", action="store_true",
                    help="prefixed lines, not the live table (the default when not a terminal)")

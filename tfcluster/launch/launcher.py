@@ -465,7 +465,7 @@ def launch(inventory_path, options, load_slots, reporter=None, planned=None):
            replace(options, run_id=run_id + "-baseline", baseline=False),
            inventory_path, reporter).run()
     base = runs.load(options.runs_dir, run_id + "-baseline")
-    code = Launch(make_cluster(inventory_path, slots, counts, example),
+    code = Launch(make_cluster(inventory_path, slots, counts, example, options.spares),
                   replace(options, run_id=run_id, baseline=False), inventory_path, reporter).run()
     main = runs.load(options.runs_dir, run_id)
     for line in efficiency_lines(base, main):

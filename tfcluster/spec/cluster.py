@@ -135,12 +135,12 @@ def _spare_machines(slots, unused, tasks, extra):
             taken.add(slot.machine.key)
             spares.append(slot.machine)
     drawn = 0
-    for slot in unused:
-        if drawn < extra and slot.machine.key not in taken:
+    for slot in unused:  # EXTRA None: every one
+        if (extra is None or drawn < extra) and slot.machine.key not in taken:
             taken.add(slot.machine.key)
             spares.append(slot.machine)
             drawn += 1
-    if drawn < extra:
+    if extra is not None and drawn < extra:
         raise UsageError("--spares %d: only %d machine(s) of the inventory are left without a "
                          "task: add hosts to its [spare] group or ask for fewer spares"
                          % (extra, drawn))
