@@ -310,7 +310,7 @@ class Launch:
             return False
         before, cluster, moves = self.cluster, self.cluster, []
         for machine in machines:
-            spare = self.spares.pop(0)
+            spare = sharing.place_spare(cluster, self.spares.pop(0))
             labels = [t.label for t in cluster.tasks if t.machine.key == machine.key]
             cluster = cluster.moved(machine.key, spare)
             moves.append((machine, spare, labels))
@@ -393,15 +393,7 @@ class Launch:
             if stalled is not None and options.on_stall == "stop":
                 return RunStalled(str(stalled), cause=stalled), []
             monitor.diagnosis.straggling()
-            failed = monitor.diagnosis.failure()
-            if failed and self._restart(failed.task, str(failed)):
-                continue
-            if failed and options.restarts and self._move([failed.task.machine], (
-                    wording.failed_on_machine(failed.task.label, failed.task.machine.label,
-                                              self.record.tasks[failed.task.label].restarts + 1))):
-                continue
-            if failed:
-                return RunFailed.of(monitor.diagnosis.failed(failed.task)), []
+            # The tasks of a lost machine end with it: the machine's loss is decided first.
             lost = monitor.lost_machines(options.lost_contact, [m.key for m in self.spares])
             for spare in [m for m in self.spares if m in lost]:
                 self.spares.remove(spare)
@@ -416,6 +408,15 @@ class Launch:
                     continue
                 return RunFailed(wording.no_spare_left(
                     wording.joined_labels([m.label for m in lost]), why)), lost
+            failed = monitor.diagnosis.failure()
+            if failed and self._restart(failed.task, str(failed)):
+                continue
+            if failed and options.restarts and self._move([failed.task.machine], (
+                    wording.failed_on_machine(failed.task.label, failed.task.machine.label,
+                                              self.record.tasks[failed.task.label].restarts + 1))):
+                continue
+            if failed:
+                return RunFailed.of(monitor.diagnosis.failed(failed.task)), []
             waiting = [t for t in ps_tasks if t.label not in monitor.listening]
             if waiting and time.monotonic() > self.ps_deadline:
                 return RunFailed("%s not listening after %gs (raise --start-timeout)" % (
