@@ -68,9 +68,9 @@ def build_parser(only=None):
     p.add_argument("--restarts", type=count, default=0,
                    help="restart a failed worker up to N times (a failed chief or ps, or any "
                         "task of a job that must restart whole, restarts every task)")
-    p.add_argument("--lost-contact", type=seconds, default=30.0,
+    p.add_argument("--lost-contact", type=seconds, default=20.0,
                    help="seconds without a word from a host's agent before its machine is "
-                        "lost: its tasks move to a spare, or the run fails (default 30)")
+                        "lost: its tasks move to a spare, or the run fails (default 20)")
     p.add_argument("--spares", type=count, default=0,
                    help="machines of unused inventory slots (number or 'all') held, like the "
                         "[spare] group's, for a lost machine's tasks (docs/spares.md)")

@@ -58,7 +58,7 @@ class LaunchOptions:
     drain_grace: float = 30.0     # after the termination notice of SIGTERM or SIGHUP
     resume: str | None = None
     lease: float = 60.0
-    lost_contact: float = 30.0
+    lost_contact: float = 20.0
     restarts: int = 0
     spares: int | None = 0         # --spares: machines drawn from unused slots (None: all)
     baseline: bool = False
@@ -244,7 +244,7 @@ class Launch:
         lease = 0 if self.options.detach else self.options.lease
         machines = [m for m, _ in self.cluster.machines()]
         run_dirs = {m.key: host_run_dir(m, self.run_id) for m in machines}
-        launch = sharing.launch_token(self.cluster)
+        launch = self.launch_token = sharing.launch_token(self.cluster)
 
         def start(link):
             mine = [specs[t.label].to_json() for t in self.cluster.tasks
@@ -253,6 +253,7 @@ class Launch:
                                         lease=lease, launch=launch), timeout=60,
                                 what="to start its tasks")
 
+        self.started_on = {m.key for m in machines}  # a spare's agent starts its tasks fresh
         failed = self.hosts.each(start, machines, timeout=70).reasons(machines)
         if failed:
             raise RunFailed("could not start the tasks on " + failed[0])
@@ -291,11 +292,16 @@ class Launch:
             specs = [self.specs[t.label].replace(env=dict(self.specs[t.label].env,
                                                           TFCLUSTER_RESTARTS=str(count))).to_json()
                      for t in mine if t.label in labels]
-            if specs:
-                self.hosts.link(machine).request(
-                    P.Start(run_dir=host_run_dir(machine, self.run_id), tasks=specs,
-                            lease=self.options.lease, restart=True),
-                    timeout=60, what="to restart %s" % ", ".join(s["name"] for s in specs))
+            if not specs:
+                continue
+            again = machine.key in self.started_on
+            self.started_on.add(machine.key)
+            self.hosts.link(machine).request(
+                P.Start(run_dir=host_run_dir(machine, self.run_id), tasks=specs,
+                        lease=self.options.lease, restart=again,
+                        launch="" if again else self.launch_token),
+                timeout=60, what="to %s %s" % ("restart" if again else "start",
+                                               ", ".join(s["name"] for s in specs)))
         self.ps_deadline = time.monotonic() + self.options.start_timeout
         for restarted in tasks:
             self.monitor.restarting(restarted)
