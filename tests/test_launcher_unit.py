@@ -5,6 +5,7 @@ import io
 import json
 import os
 import queue
+import re
 import signal
 import threading
 import time
@@ -444,6 +445,12 @@ def test_a_lost_worker_of_a_job_that_moves_whole_restarts_every_task_on_the_spar
     assert record["tasks"]["worker:1"]["address"].startswith("10.0.9.1:")
     assert record["state"] == "succeeded"
     assert "moved worker:1 from lost 10.0.1.2 to spare 10.0.9.1" in console
+    # The summary says it again, and the task's row shows the spare.
+    assert "moved worker:1 from 10.0.1.2 to spare 10.0.9.1 at " in console
+    assert re.search(r"^worker:1\s+10\.0\.9\.1\s+succeeded", console, re.M), console
+    # run.json reads back with both placements.
+    loaded = runs.load(str(tmp_path / "runs"), "r")
+    assert loaded.moves[0].cluster_before != loaded.moves[0].cluster_after
 
 
 def test_a_lost_worker_of_async_training_moves_alone(tmp_path):

@@ -3,7 +3,6 @@ with its own agent), the third in the [spare] group. A machine is lost when its 
 tasks are killed at once."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from support import REPO
 from support.cli import run_record, tfcluster
 from support.ports import free_port_block
 from support.procs import stop_leftovers, wait_for
+from hostlib.lose import lose_local_machine
 
 TRAIN = ["--dataset=digits", "--batch_size=32", "--train_steps=300", "--save_every_steps=50",
          "--log_every=10"]
@@ -51,30 +51,12 @@ def machines(tmp_path):
     assert not leftovers, "processes of the test were still running: %s" % leftovers
 
 
-def parent_of(pid):
-    with open("/proc/%d/stat" % pid) as handle:
-        return int(handle.read().rsplit(")", 1)[1].split()[1])
-
-
 def metrics(runs_dir, run_id):
     path = os.path.join(runs_dir, run_id, "metrics.jsonl")
     if not os.path.exists(path):
         return []
     with open(path) as handle:
         return [json.loads(line) for line in handle if line.strip()]
-
-
-def lose_machine(task_pid, launcher_pid):
-    """Kill the task of PID, its supervisor and its agent (up to the launcher, whose child a
-    local agent is) at once: to the launcher, its machine is gone."""
-    chain, pid = [], parent_of(task_pid)
-    while pid not in (launcher_pid, 0, 1):
-        chain.append(pid)
-        pid = parent_of(pid)
-    assert pid == launcher_pid, "the agent of %d is not the launcher's child" % task_pid
-    os.killpg(os.getpgid(task_pid), signal.SIGKILL)
-    for pid in chain:
-        os.kill(pid, signal.SIGKILL)
 
 
 def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
@@ -91,7 +73,7 @@ def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
         wait_for(trained_past_a_checkpoint, 300, "worker:1 to train past step 70")
         record = run_record(runs_dir, "moved")
         cut_at = time.time()
-        lose_machine(record["tasks"]["worker:1"]["pid"], launcher.pid)
+        lose_local_machine(record["tasks"]["worker:1"]["pid"], launcher.pid)
         last_step = max(p["step"] for p in metrics(runs_dir, "moved") if p["time"] <= cut_at)
         out, _ = launcher.communicate(timeout=400)
     finally:
@@ -137,7 +119,7 @@ def test_without_a_spare_a_lost_machine_fails_the_run_naming_it(machines, tmp_pa
                 return False
         wait_for(running, 120, "the tasks to run")
         cut_at = time.monotonic()
-        lose_machine(run_record(runs_dir, "nospare")["tasks"]["worker:1"]["pid"], launcher.pid)
+        lose_local_machine(run_record(runs_dir, "nospare")["tasks"]["worker:1"]["pid"], launcher.pid)
         out, _ = launcher.communicate(timeout=120)
         seconds = time.monotonic() - cut_at
     finally:
