@@ -15,6 +15,8 @@ from support.ports import free_port_block
 from support.procs import stop_leftovers, wait_for
 from hostlib.lose import lose_local_machine
 
+pytestmark = pytest.mark.slow  # real launches, TensorFlow in one
+
 TRAIN = ["--dataset=digits", "--batch_size=32", "--train_steps=300", "--save_every_steps=50",
          "--log_every=10"]
 
