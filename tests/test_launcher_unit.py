@@ -493,3 +493,34 @@ def test_a_task_that_failed_its_restarts_moves_its_machine_to_a_spare(tmp_path):
     assert spare.starts == {"worker-1": 1}
     assert "worker:1 failed 2 time(s) on 10.0.1.2" in record["moves"][0]["why"]
     assert record["state"] == "succeeded"
+
+
+def test_a_drained_host_gets_the_notice_then_its_tasks_move_to_a_spare(tmp_path):
+    cluster = spare_cluster(workers=2, spares=1)
+    example = replace(catalog.custom_example("python train.py", "all_workers"), move="task")
+    hosts = FakeHosts([m for m, _ in cluster.machines()] + cluster.spares,
+                      {"worker-0": [None], "worker-1": [None]})
+    spare = hosts.links[cluster.spares[0].key]
+    spare.exits = {"worker-1": [0]}
+    console = io.StringIO()
+    launch = Launch(cluster, LaunchOptions(example=example, runs_dir=str(tmp_path / "runs"),
+                                           run_id="r", drain_grace=7, timeout=5),
+                    "inventory.yml", PlainReporter(stream=console), hosts=hosts)
+    drained = next(l for l in hosts.links.values() if l.machine.address == "10.0.1.2")
+
+    def ask():  # as `tfcluster drain 10.0.1.2` does: the file, then the signal
+        deadline = time.monotonic() + 10
+        while not drained.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (tmp_path / "runs" / "r" / "drain-hosts.json").write_text('["10.0.1.2"]')
+        os.kill(os.getpid(), signal.SIGUSR1)
+    threading.Thread(target=ask, daemon=True).start()
+    with pytest.raises(RunTimedOut):  # worker-0 runs on until the --timeout
+        launch.run()
+    record = json.loads((tmp_path / "runs" / "r" / "run.json").read_text())
+    notice, = [stop for stop in drained.stops if stop.drain]
+    assert notice.drain == 7 and notice.names == ["worker-1"]
+    assert "tfcluster drain 10.0.1.2" in notice.reason
+    assert spare.starts == {"worker-1": 1}
+    assert record["moves"][0]["why"] == "drained by tfcluster drain 10.0.1.2"
+    assert record["tasks"]["worker:1"]["state"] == "succeeded"

@@ -130,3 +130,29 @@ def test_without_a_spare_a_lost_machine_fails_the_run_naming_it(machines, tmp_pa
     assert seconds <= 30, seconds
     assert "lost machine 127.0.0.2" in out and "no spare machine left" in out
     assert run_record(runs_dir, "nospare")["state"] == "failed"
+
+
+def test_drain_host_gives_the_notice_then_moves_its_tasks_to_the_spare(machines):
+    inventory, runs_dir = machines
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd",
+         "sleep 600", "-i", inventory, "--plain", "--run-id", "drained", "--drain-grace", "2"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def running():
+            try:
+                return all(t.get("pid") for t in run_record(runs_dir, "drained")["tasks"].values())
+            except (OSError, ValueError, KeyError):
+                return False
+        wait_for(running, 120, "the tasks to run")
+        proc = tfcluster("drain", "127.0.0.2", runs_dir=runs_dir, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "moved worker:1 from 127.0.0.2 to 127.0.0.3" in proc.stderr + proc.stdout
+        record = run_record(runs_dir, "drained")
+        assert record["moves"][0]["why"] == "drained by tfcluster drain 127.0.0.2"
+        assert record["tasks"]["worker:1"]["address"].startswith("127.0.0.3:")
+        tfcluster("stop", "drained", runs_dir=runs_dir, check=0)
+        out, _ = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert "termination notice to worker:0 and worker:1 (tfcluster drain 127.0.0.2)" in out, out

@@ -129,8 +129,11 @@ def build_parser(only=None):
     p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
     p.add_argument("--grace", type=seconds, default=10.0)
     p = sub.add_parser("drain", help="give every task of a run the termination notice (they "
-                                     "checkpoint and end), then stop it")
-    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
+                                     "checkpoint and end), then stop it; or a host's tasks, "
+                                     "then move them to a spare")
+    p.add_argument("run", nargs="?", type=run_id, metavar="RUN|HOST",
+                   help="run id (default: the newest running one), or a host of a running run "
+                        "whose launcher moves its tasks to a spare")
     p.add_argument("--drain-grace", type=seconds, default=30.0,
                    help="seconds the tasks get after the notice (default 30; a run whose "
                         "launcher still runs drains with its launch's --drain-grace)")

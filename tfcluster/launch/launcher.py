@@ -3,6 +3,7 @@
 One shutdown event: the first task failure, a lost machine, SIGINT, SIGTERM and --timeout all lead
 to the same teardown, and no process of the run stays on any host.
 """
+import json
 import os
 import signal
 import threading
@@ -30,7 +31,8 @@ from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import TRAINING_JOBS, Cluster
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
 from tfcluster.runs.store import host_run_dir, write_task_records
-from tfcluster.launch.teardown import STOP_SIGNALS, Drain, finish, silence_terminal, stop_tasks
+from tfcluster.launch.teardown import (DRAIN_HOST_SIGNAL, DRAIN_HOSTS_FILE, STOP_SIGNALS, Drain,
+                                       finish, silence_terminal, stop_tasks)
 from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import boot_id, start_time
 from tfcluster_agent.values import field, replace, value_class
@@ -88,6 +90,7 @@ class Launch:
         self.stop_event = threading.Event()
         self.stop_reason = None
         self.started = False
+        self.drain_hosts = []  # labels `tfcluster drain HOST` asked for, not yet moved
 
     # -- signals: one shutdown event
     def _on_signal(self, signum, frame):
@@ -103,8 +106,19 @@ class Launch:
         if self.monitor is not None:
             self.monitor.wake()
 
+    def _on_drain_host(self, signum, frame):
+        try:
+            with open(os.path.join(self.record.dir, DRAIN_HOSTS_FILE)) as handle:
+                self.drain_hosts += [h for h in json.load(handle) if isinstance(h, str)]
+            os.remove(os.path.join(self.record.dir, DRAIN_HOSTS_FILE))
+        except (OSError, ValueError, TypeError):
+            return
+        if self.monitor is not None:
+            self.monitor.wake()
+
     def run(self):
         previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        previous[DRAIN_HOST_SIGNAL] = signal.signal(DRAIN_HOST_SIGNAL, self._on_drain_host)
         try:
             with runs.private_files():
                 return self._run()
@@ -308,10 +322,26 @@ class Launch:
             self.reporter.task_restarted(restarted, count)
 
     # -- lost machines: their tasks move to spares (docs/spares.md)
-    def _move(self, machines, why):
+    def _drain_hosts(self):
+        """Move the tasks of the hosts `tfcluster drain HOST` named to spares, after the
+        termination notice; a host that runs no task of the run, or no spare left, is said."""
+        asked, self.drain_hosts = self.drain_hosts, []
+        for label in asked:
+            machine = next((m for m, _ in self.cluster.machines()
+                            if label in (m.label, m.address)), None)
+            if machine is None:
+                self.reporter.note("drain %s: no task of this run runs there" % label)
+            elif not self._move([machine], "drained by tfcluster drain %s" % label,
+                                drain=Drain(self.options.drain_grace, "tfcluster drain %s"
+                                            % label)):
+                self.reporter.note("drain %s: no spare left to take its tasks; they go on "
+                                   "there" % label)
+
+    def _move(self, machines, why, drain=None):
         """Move the tasks of lost MACHINES to spares and start them there (every task again,
         from the last checkpoint, when the example's `move` or a moved chief or ps asks it);
-        False when too few spares are left."""
+        False when too few spares are left. DRAIN: the tasks stopped get the termination
+        notice first (a drained host: they checkpoint before they move)."""
         if len(self.spares) < len(machines):
             return False
         before, cluster, moves = self.cluster, self.cluster, []
@@ -330,8 +360,12 @@ class Launch:
         reachable = Cluster([t for t in before.tasks if t.label in {m.label for m in moved}
                              and t.machine.key not in self._silent(machines)])
         stopping = before if whole else reachable
+        if drain is not None:
+            self.reporter.note("termination notice to %s (%s): they get %gs to checkpoint and "
+                               "end" % (wording.joined_labels([t.label for t in stopping.tasks]),
+                                        drain.reason, drain.seconds))
         leftovers = [line for line in stop_tasks(self.hosts, stopping, self.options.stop_grace,
-                                                 skip=self._silent(machines))
+                                                 skip=self._silent(machines), drain=drain)
                      if "unreachable" not in line] if stopping.tasks else []
         if leftovers:
             raise RunFailed("cannot move the tasks to a spare: " + "; ".join(leftovers))
@@ -399,6 +433,9 @@ class Launch:
             if stalled is not None and options.on_stall == "stop":
                 return RunStalled(str(stalled), cause=stalled), []
             monitor.diagnosis.straggling()
+            if self.drain_hosts:
+                self._drain_hosts()
+                cluster, ps_tasks = self.cluster, self.cluster.job_tasks("ps")
             # The tasks of a lost machine end with it: the machine's loss is decided first.
             lost = monitor.lost_machines(options.lost_contact, [m.key for m in self.spares])
             for spare in [m for m in self.spares if m in lost]:
