@@ -235,10 +235,11 @@ def no_spare_left(label, why):
            "inventory's [spare] group or pass --spares)" % (why, label)
 
 
-def moved(label, spare, labels, whole, at=None):
-    """What a move did: LABELS left machine LABEL for SPARE; WHOLE: every task restarted."""
+def moved(label, spare, labels, whole, at=None, drained=False):
+    """What a move did: LABELS left machine LABEL (lost, or DRAINED) for SPARE; WHOLE: every
+    task restarted."""
     when = " at %s" % time.strftime("%H:%M:%S", time.localtime(at)) if at else ""
-    return "moved %s from lost %s to spare %s%s; %s" % (
-        joined_labels(labels), label, spare, when,
+    return "moved %s from %s %s to spare %s%s; %s" % (
+        joined_labels(labels), "drained" if drained else "lost", label, spare, when,
         "every task restarts from the last complete checkpoint" if whole
         else "the other tasks go on")

@@ -357,15 +357,16 @@ class Launch:
         whole = self.options.example.move == "job" or any(t.job in ("chief", "ps")
                                                           for t in moved)
         # A machine lost by its failures still answers: what runs there stops first.
+        silent = self._silent(machines)
         reachable = Cluster([t for t in before.tasks if t.label in {m.label for m in moved}
-                             and t.machine.key not in self._silent(machines)])
+                             and t.machine.key not in silent])
         stopping = before if whole else reachable
         if drain is not None:
             self.reporter.note("termination notice to %s (%s): they get %gs to checkpoint and "
                                "end" % (wording.joined_labels([t.label for t in stopping.tasks]),
                                         drain.reason, drain.seconds))
         leftovers = [line for line in stop_tasks(self.hosts, stopping, self.options.stop_grace,
-                                                 skip=self._silent(machines), drain=drain)
+                                                 skip=silent, drain=drain)
                      if "unreachable" not in line] if stopping.tasks else []
         if leftovers:
             raise RunFailed("cannot move the tasks to a spare: " + "; ".join(leftovers))
@@ -376,7 +377,8 @@ class Launch:
         self._record_moves(before, cluster, moves, why, whole)
         count = len(self.record.restart_log) + len(self.record.moves)  # TFCLUSTER_RESTARTS
         for machine, spare, labels in moves:
-            self.reporter.note(wording.moved(machine.label, spare.label, labels, whole, time.time()))
+            self.reporter.note(wording.moved(machine.label, spare.label, labels, whole,
+                                             time.time(), drained=drain is not None))
         self._start_again(cluster.tasks if whole else moved, count)
         runs.save(self.record)
         return True
@@ -393,8 +395,9 @@ class Launch:
             if spare.key not in known:
                 record.machines.append(MachineRecord(spare.to_dict(), {}))
             record.moves.append(MoveEntry(
-                lost=machine.label, spare=spare.label, tasks=labels, why=why, scope="job" if whole else "task",
-                time=runs.now(), cluster_before=before.jobs(), cluster_after=after.jobs()))
+                lost=machine.label, spare=spare.label, tasks=labels, why=why,
+                scope="job" if whole else "task", time=runs.now(),
+                cluster_before=before.jobs(), cluster_after=after.jobs()))
         for task in after.tasks:
             entry = record.tasks[task.label]
             entry.machine, entry.port = task.machine.key, task.port
