@@ -524,3 +524,17 @@ def test_a_drained_host_gets_the_notice_then_its_tasks_move_to_a_spare(tmp_path)
     assert spare.starts == {"worker-1": 1}
     assert record["moves"][0]["why"] == "drained by tfcluster drain 10.0.1.2"
     assert record["tasks"]["worker:1"]["state"] == "succeeded"
+
+
+def test_a_lost_ps_of_async_training_restarts_every_task_on_the_new_cluster(tmp_path):
+    cluster = spare_cluster(workers=2, ps=1, spares=1)
+    example = replace(catalog.custom_example("python train.py", "all_workers"), move="task")
+    outcome, record, console, hosts, _ = run_losing(
+        tmp_path, cluster, {"worker-0": [None, 0], "worker-1": [None, 0]}, "10.0.1.3",
+        example=example, spare_exits={"ps-0": [None]}, lost_contact=0.5)
+    assert outcome is None, console
+    assert record["moves"][0]["tasks"] == ["ps:0"] and record["moves"][0]["scope"] == "job"
+    for address in ("10.0.1.1", "10.0.1.2"):
+        link = next(l for l in hosts.links.values() if l.machine.address == address)
+        assert json.loads(link.specs[-1]["env"]["TF_CONFIG"])["cluster"]["ps"] == \
+            [record["tasks"]["ps:0"]["address"]] and len(link.specs) == 2
