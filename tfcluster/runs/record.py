@@ -331,7 +331,7 @@ class RunRecord:
                     machines=[m.to_json() for m in self.machines],
                     tasks={label: t.to_json() for label, t in self.tasks.items()},
                     restart_log=[vars(e) for e in self.restart_log],
-                    moves=[vars(e) for e in self.moves],
+                    moves=[vars(e) for e in self.moves] or None,  # absent: nothing moved
                     provenance=self.provenance and self.provenance.to_json())
         return {k: v for k, v in data.items() if v is not None or k == "exit_code"}
 
