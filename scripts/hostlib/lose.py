@@ -21,4 +21,7 @@ def lose_local_machine(task_pid, launcher_pid):
                            % (task_pid, launcher_pid))
     os.killpg(os.getpgid(task_pid), signal.SIGKILL)
     for pid in chain:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # in the task's process group: gone already
