@@ -25,3 +25,16 @@ def lose_local_machine(task_pid, launcher_pid):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass  # in the task's process group: gone already
+
+
+def last_step_before_restart(points, task):
+    """The highest step TASK reached before the run restarted, from the run's metrics POINTS
+    (metrics.jsonl, in order): the steps before the first one lower than an earlier one."""
+    last = None
+    for point in points:
+        if point.get("task") != task:
+            continue
+        if last is not None and point["step"] < last:
+            return last
+        last = point["step"] if last is None else max(last, point["step"])
+    return last
