@@ -77,8 +77,10 @@ def test_a_cut_worker_link_moves_the_run_to_the_spare(four_hosts, tmp_path):
     launcher = launch(runs_dir, "multi_worker_mirrored", "-i", path, "--workers", "3",
                       "--run-id", "cut", "--lost-contact", "10", "--", *TRAIN)
     try:
-        wait_for(lambda: any(p["task"] == "worker:2" and p["step"] >= 70
-                             for p in metrics(runs_dir, "cut")), 400, "step 70")
+        wait_for(lambda: launcher.poll() is not None or any(
+            p["task"] == "worker:2" and p["step"] >= 70 for p in metrics(runs_dir, "cut")),
+            400, "step 70")
+        assert launcher.poll() is None, launcher.communicate()[0][-3000:]
         cut_at = time.time()
         hosts.link(3, "down")
         out, _ = launcher.communicate(timeout=500)
@@ -109,10 +111,12 @@ def test_a_killed_ps_strategy_worker_restarts_alone(four_hosts, tmp_path):
     path = inventory(hosts, tmp_path, {"chief": [1], "worker": [2, 3], "ps": [1, 3],
                                        "spare": [4]}, workdir=str(tmp_path / "work"))
     launcher = launch(runs_dir, "ps_strategy", "-i", path, "--smoke", "--restarts", "1",
-                      "--run-id", "pss", "--", "--train_steps=2000")
+                      "--start-timeout", "300", "--run-id", "pss", "--", "--train_steps=2000")
     try:
-        wait_for(lambda: any(p["task"] == "chief:0" and p["step"] >= 100
-                             for p in metrics(runs_dir, "pss")), 400, "step 100")
+        wait_for(lambda: launcher.poll() is not None or any(
+            p["task"] == "chief:0" and p["step"] >= 100 for p in metrics(runs_dir, "pss")),
+            400, "step 100")
+        assert launcher.poll() is None, launcher.communicate()[0][-3000:]
         os.kill(run_record(runs_dir, "pss")["tasks"]["worker:1"]["pid"], signal.SIGKILL)
         out, _ = launcher.communicate(timeout=500)
     finally:
