@@ -39,7 +39,8 @@ from tfcluster_agent.values import field, replace, value_class
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25
-DRAIN_SIGNALS = ("SIGTERM", "SIGHUP")  # deadlines are checked at least this often; events wake the loop at once
+DRAIN_SIGNALS = ("SIGTERM", "SIGHUP")
+SILENT_SECONDS = 3.0  # a machine this long silent may be lost: its peers' failures wait  # deadlines are checked at least this often; events wake the loop at once
 
 
 @value_class(frozen=True)
@@ -383,6 +384,14 @@ class Launch:
         runs.save(self.record)
         return True
 
+    def _machine_silent(self):
+        """True while a machine of the run has said nothing for SILENT_SECONDS (its agent pings
+        every second) but is not lost yet."""
+        limit = time.monotonic() - SILENT_SECONDS
+        keys = {m.key for m, _ in self.cluster.machines()}
+        return any(link.hello is not None and link.last_heard < limit
+                   for key, link in self.hosts.links.items() if key in keys)
+
     def _silent(self, machines):
         """The keys of MACHINES whose agents do not answer."""
         lost = {m.key for m in self.monitor.lost_machines(self.options.lost_contact)}
@@ -455,6 +464,8 @@ class Launch:
                 return RunFailed(wording.no_spare_left(
                     wording.joined_labels([m.label for m in lost]), why)), lost
             failed = monitor.diagnosis.failure()
+            if failed and self.spares and self._machine_silent():
+                continue  # its peers fail first when a link goes: the loss may decide yet
             if failed and self._restart(failed.task, str(failed)):
                 continue
             if failed and options.restarts and self._move([failed.task.machine], (
