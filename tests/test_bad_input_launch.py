@@ -239,3 +239,12 @@ def test_a_home_that_cannot_hold_the_cache(two_workers, tmp_path, home_is, comma
     if command[0] == "launch":
         assert any(n.startswith(".preflight-") for n in cached), cached  # TensorFlow's version
     assert os.stat(cache).st_mode & 0o077 == 0  # private
+
+
+def test_more_spares_than_unused_machines_is_refused_before_anything_starts(two_workers):
+    inventory, runs_dir = two_workers
+    proc = tfcluster("launch", "-i", inventory, "--spares", "1", "--cmd", "true",
+                     runs_dir=runs_dir)
+    assert_one_line(proc.returncode, proc.stderr, 2, "--spares 1: only 0 machine(s) of the inventory are left "
+                                  "without a task")
+    assert not os.path.exists(runs_dir) or not os.listdir(runs_dir)

@@ -236,3 +236,20 @@ def test_the_inventory_cache_keeps_only_the_newest(tmp_path, monkeypatch):
     assert len(kept) == 100 and "inventory-old000.pickle" not in kept
     assert "inventory-old104.pickle" in kept and any("old" not in name for name in kept)
     assert [s.name for s in load_slots(inventory)] == ["w1"]  # from the cache it kept
+
+
+def test_spare_group_hosts_are_spares_not_tasks(tmp_path):
+    inventory = write(tmp_path, "hosts.ini", """
+[worker]
+w1 ansible_host=10.0.0.1
+w2 ansible_host=10.0.0.2
+
+[spare]
+s1 ansible_host=10.0.0.3
+""")
+    slots = load_slots(inventory)
+    assert [(s.name, s.job) for s in slots] == [("w1", "worker"), ("w2", "worker"),
+                                                ("s1", "spare")]
+    cluster = build_cluster(slots)
+    assert cluster.jobs() == {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}
+    assert [m.address for m in cluster.spares] == ["10.0.0.3"]

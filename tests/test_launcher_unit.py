@@ -4,6 +4,7 @@ records are checked in milliseconds, without processes."""
 import io
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -13,12 +14,14 @@ import pytest
 from support.fakehosts import FakeHosts, cluster_of, run
 from tfcluster.spec import catalog
 from tfcluster.errors import PreflightError, RunFailed, RunInterrupted, RunTimedOut
-from tfcluster.hosts.inventory import Slot
+from tfcluster.hosts.inventory import Machine, Slot
 from tfcluster.launch.launcher import Launch, LaunchOptions
 from tfcluster.runs import store as runs
 from tfcluster.runs.record import RunRecord, RunState
+from tfcluster.spec.cluster import build_cluster
 from tfcluster.view.report import PlainReporter
 from tfcluster_agent import protocol as P
+from tfcluster_agent.values import replace
 
 
 def test_workers_succeed_then_the_ps_is_stopped(tmp_path):
@@ -220,3 +223,196 @@ def test_a_resume_of_a_checkpoint_folder_another_run_writes_is_refused_naming_it
                                       resume="a")
     assert outcome is None, console
     assert record["checkpoints_of"] == "a"
+
+
+# ------------------------------------------------------------ spares (docs/spares.md)
+
+def spare_cluster(workers=2, ps=0, chief=0, spares=1):
+    """One machine per task, and SPARES machines in the [spare] group."""
+    slots = []
+    for job, n in (("chief", chief), ("worker", workers), ("ps", ps)):
+        for i in range(n):
+            machine = Machine(address="10.0.1.%d" % (len(slots) + 1), root="/opt/t",
+                              python="/opt/t/venv/bin/python", workdir="/opt/t/work")
+            slots.append(Slot(name="%s%d" % (job, i), job=job, machine=machine))
+    for i in range(spares):
+        slots.append(Slot(name="spare%d" % i, job="spare", machine=Machine(
+            address="10.0.9.%d" % (i + 1), root="/opt/t", python="/opt/t/venv/bin/python",
+            workdir="/opt/t/work")))
+    return build_cluster(slots, {"ps": ps, "worker": workers, "chief": chief, "evaluator": 0})
+
+
+def run_losing(tmp_path, cluster, exits, lose, example=None, spare_exits=None, **options):
+    """Run CLUSTER on fake hosts (the spares' tasks end as SPARE_EXITS says); the machine LOSE
+    (an address) goes silent once its tasks started. Returns (outcome, record, console, hosts, seconds from the loss to the outcome)."""
+    example = example or catalog.custom_example("python train.py", "all_workers")
+    hosts = FakeHosts([m for m, _ in cluster.machines()] + cluster.spares, exits)
+    console = io.StringIO()
+    launch = Launch(cluster, LaunchOptions(example=example, runs_dir=str(tmp_path / "runs"),
+                                           run_id="r", **options),
+                    "inventory.yml", PlainReporter(stream=console), hosts=hosts)
+    lost = next(link for link in hosts.links.values() if link.machine.address == lose)
+    for link in hosts.links.values():
+        if link.machine in cluster.spares:
+            link.exits = spare_exits or {}
+    cut, done = {}, threading.Event()
+
+    def heartbeat():  # the agents that are not lost answer the pings
+        while not done.wait(0.05):
+            for link in hosts.links.values():
+                if link is not lost:
+                    link.last_heard = time.monotonic()
+    threading.Thread(target=heartbeat, daemon=True).start()
+
+    def silence():
+        deadline = time.monotonic() + 10
+        while not lost.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cut["at"] = time.monotonic()
+        lost.last_heard = 0
+        lost.report = None  # a silent agent: it would answer nothing more
+    threading.Thread(target=silence, daemon=True).start()
+    outcome = None
+    try:
+        launch.run()
+    except Exception as err:
+        outcome = err
+    done.set()
+    record = json.loads((tmp_path / "runs" / "r" / "run.json").read_text())
+    return outcome, record, console.getvalue(), hosts, time.monotonic() - cut["at"]
+
+
+def test_spare_group_machines_get_no_task_at_the_start():
+    cluster = spare_cluster(workers=2, spares=1)
+    assert [m.address for m in cluster.spares] == ["10.0.9.1"]
+    assert all(t.machine.address != "10.0.9.1" for t in cluster.tasks)
+
+
+def test_spares_drawn_from_unused_slots_and_refused_beyond_them():
+    machines = [Machine(address="10.0.2.%d" % i) for i in range(3)]
+    slots = [Slot(name="w%d" % i, job="worker", machine=m) for i, m in enumerate(machines)]
+    cluster = build_cluster(slots, {"worker": 2}, spares=1)
+    assert [m.address for m in cluster.spares] == ["10.0.2.2"]
+    with pytest.raises(Exception, match="--spares 2: only 1 machine"):
+        build_cluster(slots, {"worker": 2}, spares=2)
+
+
+def test_a_lost_worker_of_a_job_that_moves_whole_restarts_every_task_on_the_spare(tmp_path):
+    cluster = spare_cluster(workers=3, spares=1)
+    # Every task runs until stopped, then ends 0 once started again.
+    exits = {"worker-0": [None, 0], "worker-1": [None], "worker-2": [None, 0]}
+    outcome, record, console, hosts, _ = run_losing(tmp_path, cluster, exits, "10.0.1.2",
+                                                    spare_exits={"worker-1": [0]},
+                                                    lost_contact=0.5)
+    assert outcome is None, console
+    spare = next(l for l in hosts.links.values() if l.machine.address == "10.0.9.1")
+    assert [s["name"] for s in spare.specs] == ["worker-1"]
+    moved_config = json.loads(spare.specs[0]["env"]["TF_CONFIG"])
+    assert moved_config["cluster"]["worker"][1].startswith("10.0.9.1:")
+    assert moved_config["task"] == {"type": "worker", "index": 1}
+    # Every other task started again, with the new cluster.
+    for address in ("10.0.1.1", "10.0.1.3"):
+        link = next(l for l in hosts.links.values() if l.machine.address == address)
+        assert len(link.specs) == 2
+        assert json.loads(link.specs[1]["env"]["TF_CONFIG"])["cluster"] == moved_config["cluster"]
+    move, = record["moves"]
+    assert (move["lost"], move["spare"], move["tasks"], move["scope"]) == \
+        ("10.0.1.2", "10.0.9.1", ["worker:1"], "job")
+    assert move["cluster_before"]["worker"][1].startswith("10.0.1.2:")
+    assert move["cluster_after"]["worker"][1].startswith("10.0.9.1:")
+    assert record["tasks"]["worker:1"]["address"].startswith("10.0.9.1:")
+    assert record["state"] == "succeeded"
+    assert "moved worker:1 from lost 10.0.1.2 to spare 10.0.9.1" in console
+    # The summary says it again, and the task's row shows the spare.
+    assert "moved worker:1 from 10.0.1.2 to spare 10.0.9.1 at " in console
+    assert re.search(r"^worker:1\s+10\.0\.9\.1\s+succeeded", console, re.M), console
+    # run.json reads back with both placements.
+    loaded = runs.load(str(tmp_path / "runs"), "r")
+    assert loaded.moves[0].cluster_before != loaded.moves[0].cluster_after
+
+
+def test_a_lost_worker_of_async_training_moves_alone(tmp_path):
+    cluster = spare_cluster(workers=2, ps=1, spares=1)
+    example = replace(catalog.custom_example("python train.py", "all_workers"), move="task")
+    outcome, record, console, hosts, _ = run_losing(
+        tmp_path, cluster, {"worker-0": [None], "worker-1": [None]}, "10.0.1.2",
+        example=example, spare_exits={"worker-1": [0]}, lost_contact=0.5, timeout=3)
+    worker0 = next(l for l in hosts.links.values() if l.machine.address == "10.0.1.1")
+    ps = next(l for l in hosts.links.values() if l.machine.address == "10.0.1.3")
+    spare = next(l for l in hosts.links.values() if l.machine.address == "10.0.9.1")
+    assert worker0.starts == {"worker-0": 1} and ps.starts == {"ps-0": 1}, console
+    assert spare.starts == {"worker-1": 1}
+    assert record["moves"][0]["scope"] == "task"
+    assert "the other tasks go on" in console
+
+
+def test_without_a_spare_the_run_fails_naming_the_lost_machine_in_time(tmp_path):
+    cluster = spare_cluster(workers=2, spares=0)
+    outcome, record, console, _, seconds = run_losing(tmp_path, cluster, {}, "10.0.1.2",
+                                                      lost_contact=0.5)
+    assert isinstance(outcome, RunFailed)
+    assert "lost machine 10.0.1.2" in str(outcome) and "no spare machine left" in str(outcome)
+    assert record["state"] == "failed" and seconds < 5
+
+
+def test_a_task_that_failed_its_restarts_moves_its_machine_to_a_spare(tmp_path):
+    cluster = spare_cluster(workers=2, spares=1)
+    example = replace(catalog.custom_example("python train.py", "all_workers"), move="task")
+    hosts = FakeHosts([m for m, _ in cluster.machines()] + cluster.spares,
+                      {"worker-0": [0], "worker-1": [3, 3]})
+    hosts.links[cluster.spares[0].key].exits = {"worker-1": [0]}
+    console = io.StringIO()
+    launch = Launch(cluster, LaunchOptions(example=example, runs_dir=str(tmp_path / "runs"),
+                                           run_id="r", restarts=1),
+                    "inventory.yml", PlainReporter(stream=console), hosts=hosts)
+    launch.run()
+    record = json.loads((tmp_path / "runs" / "r" / "run.json").read_text())
+    spare = next(l for l in hosts.links.values() if l.machine.address == "10.0.9.1")
+    assert spare.starts == {"worker-1": 1}
+    assert "worker:1 failed 2 time(s) on 10.0.1.2" in record["moves"][0]["why"]
+    assert record["state"] == "succeeded"
+
+
+def test_a_drained_host_gets_the_notice_then_its_tasks_move_to_a_spare(tmp_path):
+    cluster = spare_cluster(workers=2, spares=1)
+    example = replace(catalog.custom_example("python train.py", "all_workers"), move="task")
+    hosts = FakeHosts([m for m, _ in cluster.machines()] + cluster.spares,
+                      {"worker-0": [None], "worker-1": [None]})
+    spare = hosts.links[cluster.spares[0].key]
+    spare.exits = {"worker-1": [0]}
+    console = io.StringIO()
+    launch = Launch(cluster, LaunchOptions(example=example, runs_dir=str(tmp_path / "runs"),
+                                           run_id="r", drain_grace=7, timeout=5),
+                    "inventory.yml", PlainReporter(stream=console), hosts=hosts)
+    drained = next(l for l in hosts.links.values() if l.machine.address == "10.0.1.2")
+
+    def ask():  # as `tfcluster drain 10.0.1.2` does: the file, then the signal
+        deadline = time.monotonic() + 10
+        while not drained.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (tmp_path / "runs" / "r" / "drain-hosts.json").write_text('["10.0.1.2"]')
+        os.kill(os.getpid(), signal.SIGUSR1)
+    threading.Thread(target=ask, daemon=True).start()
+    with pytest.raises(RunTimedOut):  # worker-0 runs on until the --timeout
+        launch.run()
+    record = json.loads((tmp_path / "runs" / "r" / "run.json").read_text())
+    notice, = [stop for stop in drained.stops if stop.drain]
+    assert notice.drain == 7 and notice.names == ["worker-1"]
+    assert "tfcluster drain 10.0.1.2" in notice.reason
+    assert spare.starts == {"worker-1": 1}
+    assert record["moves"][0]["why"] == "drained by tfcluster drain 10.0.1.2"
+    assert record["tasks"]["worker:1"]["state"] == "succeeded"
+
+
+def test_a_lost_ps_of_async_training_restarts_every_task_on_the_new_cluster(tmp_path):
+    cluster = spare_cluster(workers=2, ps=1, spares=1)
+    example = replace(catalog.custom_example("python train.py", "all_workers"), move="task")
+    outcome, record, console, hosts, _ = run_losing(
+        tmp_path, cluster, {"worker-0": [None, 0], "worker-1": [None, 0]}, "10.0.1.3",
+        example=example, spare_exits={"ps-0": [None]}, lost_contact=0.5)
+    assert outcome is None, console
+    assert record["moves"][0]["tasks"] == ["ps:0"] and record["moves"][0]["scope"] == "job"
+    for address in ("10.0.1.1", "10.0.1.2"):
+        link = next(l for l in hosts.links.values() if l.machine.address == address)
+        assert json.loads(link.specs[-1]["env"]["TF_CONFIG"])["cluster"]["ps"] == \
+            [record["tasks"]["ps:0"]["address"]] and len(link.specs) == 2

@@ -7,8 +7,7 @@ each applies the same update, so the copies stay identical. The strategy blocks 
 worker of the cluster has started. At the end every worker evaluates its copy on the test set and
 prints its loss and accuracy, with a checksum of its parameters that must match the others'.
 """
-import shutil
-import tempfile
+import os
 import time
 
 import numpy as np
@@ -29,6 +28,27 @@ def checksum(model):
     return float(sum(np.asarray(p.numpy(), dtype=np.float64).sum() for p in model.params))
 
 
+def adopt_newest(tf, strategy, model):
+    """Every worker takes the state of the worker whose restored copy is the newest (the first
+    of them): the same step and parameters everywhere before the first all-reduce."""
+    variables = list(model.params) + [model.steps]
+
+    @tf.function
+    def newest():
+        def replica_fn():
+            context = tf.distribute.get_replica_context()
+            steps = context.all_gather(tf.reshape(tf.cast(model.steps, tf.float32), [1]), axis=0)
+            source = tf.equal(tf.cast(tf.argmax(steps), tf.int32),
+                              context.replica_id_in_sync_group)
+            return [context.all_reduce(tf.distribute.ReduceOp.SUM, tf.where(
+                source, tf.cast(v, tf.float32), tf.zeros(v.shape, tf.float32)))
+                for v in variables]
+        return strategy.run(replica_fn)
+
+    for variable, value in zip(variables, newest()):
+        variable.assign(tf.cast(strategy.experimental_local_results(value)[0], variable.dtype))
+
+
 def train(info, strategy, dataset, args):
     """This worker's synchronous loop to --train_steps; returns the results dict."""
     import tensorflow as tf
@@ -38,13 +58,15 @@ def train(info, strategy, dataset, args):
                          % (args.batch_size, workers))
     with strategy.scope():
         model = models.build_classifier(tf, dataset, args)
-    saves = restored = save_dir = None
+    saves = restored = None
     if args.checkpoint_dir:
-        # Every worker must take part in saving; only the chief's copy is kept.
-        save_dir = args.checkpoint_dir if info.is_chief else tempfile.mkdtemp(prefix="mwms-")
-        saves = checkpoints.ObjectCheckpoints(tf, args.checkpoint_dir, save_to=save_dir,
-                                              log=bootstrap.log, model=model)
+        # Every worker takes part in saving and keeps its copy (the chief's is the folder's
+        # own): a worker moved to a spare machine restores none, and takes its peers' state.
+        save_dir = args.checkpoint_dir if info.is_chief else os.path.join(
+            args.checkpoint_dir, "%s-%d" % (info.job, info.index))
+        saves = checkpoints.ObjectCheckpoints(tf, save_dir, log=bootstrap.log, model=model)
         restored = saves.restore()
+        adopt_newest(tf, strategy, model)
     per_replica_batch = args.batch_size // workers
 
     def build_inputs(context):
@@ -108,11 +130,8 @@ def train(info, strategy, dataset, args):
             saved = save(step)
     progress.stop()
     steps = int(model.steps.numpy())
-    if saves is not None:
-        if saved != steps:
-            save(steps)
-        if not info.is_chief:
-            shutil.rmtree(save_dir, ignore_errors=True)
+    if saves is not None and saved != steps:
+        save(steps)
     loss, acc, _ = models.evaluate(tf, model, dataset)
     total = checksum(model)
     bootstrap.log("%s: after %d synchronous steps (%.2f s): test loss %.4f, accuracy %.4f (%s); "

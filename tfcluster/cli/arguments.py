@@ -68,9 +68,12 @@ def build_parser(only=None):
     p.add_argument("--restarts", type=count, default=0,
                    help="restart a failed worker up to N times (a failed chief or ps, or any "
                         "task of a job that must restart whole, restarts every task)")
-    p.add_argument("--lost-contact", type=seconds, default=30.0,
-                   help="seconds without a word from a host's agent before the run fails "
-                        "(default 30)")
+    p.add_argument("--lost-contact", type=seconds, default=20.0,
+                   help="seconds without a word from a host's agent before its machine is "
+                        "lost: its tasks move to a spare, or the run fails (default 20)")
+    p.add_argument("--spares", type=count, default=0,
+                   help="machines of unused inventory slots (number or 'all') held, like the "
+                        "[spare] group's, for a lost machine's tasks (docs/spares.md)")
     p.add_argument("--cwd", help="with --cmd: working directory on the hosts")
     p.add_argument("--plain", action="store_true",
                    help="prefixed lines, not the live table (the default when not a terminal)")
@@ -126,8 +129,11 @@ def build_parser(only=None):
     p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
     p.add_argument("--grace", type=seconds, default=10.0)
     p = sub.add_parser("drain", help="give every task of a run the termination notice (they "
-                                     "checkpoint and end), then stop it")
-    p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
+                                     "checkpoint and end), then stop it; or a host's tasks, "
+                                     "then move them to a spare")
+    p.add_argument("run", nargs="?", type=run_id, metavar="RUN|HOST",
+                   help="run id (default: the newest running one), or a host of a running run "
+                        "whose launcher moves its tasks to a spare")
     p.add_argument("--drain-grace", type=seconds, default=30.0,
                    help="seconds the tasks get after the notice (default 30; a run whose "
                         "launcher still runs drains with its launch's --drain-grace)")

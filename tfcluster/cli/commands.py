@@ -64,7 +64,7 @@ def cmd_launch(args):
     counts = {job: getattr(args, flag) for job, flag in COUNT_FLAGS if hasattr(args, flag)}
     planned = None
     if not (args.sync or args.baseline):  # those start agents after a sync, or twice
-        planned = planned_launch(args.inventory, example, counts)
+        planned = planned_launch(args.inventory, example, counts, args.spares)
     try:
         return launch_planned(args, example, counts, extra_env, user_args, planned)
     except BaseException:
@@ -73,12 +73,12 @@ def cmd_launch(args):
         raise
 
 
-def planned_launch(inventory_path, example, counts):
+def planned_launch(inventory_path, example, counts, spares=0):
     """(cluster, its Hosts) with the local agents starting: the launcher's modules are imported
     while they do (an agent's start is the longest wait of a short launch)."""
     cluster = plan.make_cluster(inventory_path, inventory.load_slots(inventory_path),
-                                plan.launch_counts(example, counts), example)
-    hosts = fanout.Hosts([m for m, _ in cluster.machines()])
+                                plan.launch_counts(example, counts), example, spares)
+    hosts = fanout.Hosts([m for m, _ in cluster.machines()] + cluster.spares)
     hosts.spawn_local()
     return cluster, hosts
 
@@ -92,6 +92,7 @@ def launch_planned(args, example, counts, extra_env, user_args, planned):
         stop_grace=args.stop_grace, drain_grace=args.drain_grace, resume=args.resume,
         lease=args.lease, cwd=args.cwd,
         env=extra_env, restarts=args.restarts or 0, lost_contact=args.lost_contact,
+        spares=args.spares,
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
         stall_after=args.stall_after, on_stall=args.on_stall or "report",
         straggler_after=args.straggler_after, profile_at=args.profile_at,

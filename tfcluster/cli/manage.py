@@ -17,7 +17,8 @@ from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.view.plot import write_run_svg
 from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import Cluster, Task
-from tfcluster.launch.teardown import Drain, finish, launcher_following, stop_tasks
+from tfcluster.launch.teardown import (DRAIN_HOST_SIGNAL, DRAIN_HOSTS_FILE, Drain, finish,
+                                       launcher_following, stop_tasks)
 from tfcluster_agent import protocol as P
 
 WAKE_SECONDS = 0.25
@@ -175,8 +176,14 @@ def drain(runs_dir, run_id=None, grace=10.0, drain_grace=30.0, reporter=None, ti
     """`tfcluster drain`: every task of a run gets the termination notice and DRAIN_GRACE s to
     checkpoint and end, then the run is stopped as by `tfcluster stop`. A run whose launcher
     still follows it drains through that launcher (SIGTERM: its own --drain-grace), which
-    records the end; this waits up to TIMEOUT s for it."""
+    records the end; this waits up to TIMEOUT s for it. RUN_ID may name a host of a running
+    run instead: drain_host."""
     reporter = reporter or PlainReporter()
+    if run_id is not None and not os.path.exists(os.path.join(runs_dir, run_id)):
+        host_run = next((r for r in reversed(runs.all_runs(runs_dir)) if r.active and any(
+            run_id in (m.settings.get("address"), _label(m.settings)) for m in r.machines)), None)
+        if host_run is not None:
+            return drain_host(host_run, run_id, reporter, timeout)
     record = pick(runs_dir, run_id, active_only=run_id is None)
     if not launcher_following(record):
         return stop(runs_dir, record.id, grace, reporter,
@@ -195,6 +202,41 @@ def drain(runs_dir, run_id=None, grace=10.0, drain_grace=30.0, reporter=None, ti
     record = runs.load(runs_dir, record.id)
     reporter.note("run %s: %s" % (record.id, record.state))
     return 0
+
+
+def _label(settings):
+    return Machine(**settings).label
+
+
+def drain_host(record, host, reporter, timeout=600):
+    """`tfcluster drain HOST`: the launcher of RECORD's run gives HOST's tasks the termination
+    notice, then moves them to a spare; this waits up to TIMEOUT s for the move."""
+    if not launcher_following(record):
+        raise UsageError("drain %s: run %s has no launcher following it (--detach), and only "
+                         "a launcher moves tasks to a spare: `tfcluster drain %s` drains the "
+                         "whole run" % (host, record.id, record.id))
+    import json
+    import time
+    moves = len(record.moves)
+    runs.write_private(os.path.join(record.dir, DRAIN_HOSTS_FILE), json.dumps([host]))
+    os.kill(record.launcher["pid"], DRAIN_HOST_SIGNAL)
+    reporter.note("run %s: its launcher (pid %d) drains %s and moves its tasks to a spare"
+                  % (record.id, record.launcher["pid"], host))
+    deadline = time.monotonic() + timeout
+    while True:
+        record = runs.load(record.runs_dir, record.id)
+        if len(record.moves) > moves:
+            move = record.moves[-1]
+            reporter.note("run %s: moved %s from %s to %s" % (
+                record.id, ", ".join(move.tasks), move.lost, move.spare))
+            return 0
+        if not record.active:
+            raise RunFailed("run %s ended (%s) before %s was drained" % (record.id, record.state,
+                                                                       host))
+        if time.monotonic() > deadline:
+            raise RunFailed("run %s: %s not moved %gs after the drain was asked (no spare "
+                            "left? the launcher's console says)" % (record.id, host, timeout))
+        time.sleep(0.2)
 
 
 def _stop(runs_dir, run_id, grace, reporter, drain=None):

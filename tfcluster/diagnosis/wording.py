@@ -262,3 +262,32 @@ def after(root):
 
 def hint(text):
     return "hint: " + text
+
+
+# ------------------------------------------------------------ lost machines and spares
+
+def machine_silent(labels, seconds):
+    """Why machines LABELS are lost: their agents said nothing for SECONDS."""
+    return "lost contact with %s for %gs: its agent stopped answering" % (
+        joined_labels(labels), seconds)
+
+
+def failed_on_machine(task_label, label, restarts):
+    """Why machine LABEL is lost: TASK_LABEL failed there RESTARTS times."""
+    return "%s failed %d time(s) on %s" % (task_label, restarts, label)
+
+
+def no_spare_left(label, why):
+    """The run's failure: machine LABEL is lost (WHY) and no spare can take its tasks."""
+    return "%s (lost machine %s; no spare machine left to take its tasks: add hosts to the " \
+           "inventory's [spare] group or pass --spares)" % (why, label)
+
+
+def moved(label, spare, labels, whole, at=None, drained=False):
+    """What a move did: LABELS left machine LABEL (lost, or DRAINED) for SPARE; WHOLE: every
+    task restarted."""
+    when = " at %s" % time.strftime("%H:%M:%S", time.localtime(at)) if at else ""
+    return "moved %s from %s %s to spare %s%s; %s" % (
+        joined_labels(labels), "drained" if drained else "lost", label, spare, when,
+        "every task restarts from the last complete checkpoint" if whole
+        else "the other tasks go on")

@@ -19,6 +19,8 @@ from tfcluster_agent.hostcode import sha256
 from tfcluster_agent.values import field, value_class
 
 JOBS = ("chief", "worker", "ps", "evaluator")
+# Machines that get no task at the start: a lost machine's tasks move to one (docs/spares.md).
+SPARE = "spare"
 DEFAULT_ROOT = "/opt/tfcluster"
 DEFAULT_PORT_BASE = 2222
 # The firewall role's ruleset file (firewall_rules_file's default).
@@ -234,7 +236,7 @@ def read_slots(path):
     groups = inventory.get_groups_dict()
     folder = sshfiles.inventory_folder(path)
     slots = []
-    for job in JOBS:
+    for job in JOBS + (SPARE,):
         for hostname in groups.get(job, []):
             host = inventory.get_host(hostname)
             host_vars = variables.get_vars(host=host)

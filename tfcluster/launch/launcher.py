@@ -3,6 +3,7 @@
 One shutdown event: the first task failure, a lost machine, SIGINT, SIGTERM and --timeout all lead
 to the same teardown, and no process of the run stays on any host.
 """
+import json
 import os
 import signal
 import threading
@@ -20,23 +21,27 @@ from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.launch.plan import launch_counts, make_cluster
 from tfcluster.launch.profiling import ProfileAt
 from tfcluster.view.plot import write_run_svg
-from tfcluster.launch.preflight import (check_checkpoint_folder, controller_code_hash, preflight,
-                                        print_preflight)
+from tfcluster.launch.preflight import (check_checkpoint_folder, check_spares,
+                                        controller_code_hash, preflight, print_preflight)
 from tfcluster.runs import provenance
-from tfcluster.runs.record import RECORDED_FACTS, MachineRecord, RunState, TaskRecord
+from tfcluster.runs.record import (RECORDED_FACTS, MachineRecord, MoveEntry, RunState,
+                                   TaskRecord)
+from tfcluster.diagnosis import wording
 from tfcluster.spec.catalog import code_root
 from tfcluster.view.report import PlainReporter
-from tfcluster.spec.cluster import TRAINING_JOBS
+from tfcluster.spec.cluster import TRAINING_JOBS, Cluster
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
 from tfcluster.runs.store import host_run_dir, write_task_records
-from tfcluster.launch.teardown import STOP_SIGNALS, Drain, finish, silence_terminal, stop_tasks
+from tfcluster.launch.teardown import (DRAIN_HOST_SIGNAL, DRAIN_HOSTS_FILE, STOP_SIGNALS, Drain,
+                                       finish, silence_terminal, stop_tasks)
 from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import boot_id, start_time
 from tfcluster_agent.values import field, replace, value_class
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25
-DRAIN_SIGNALS = ("SIGTERM", "SIGHUP")  # deadlines are checked at least this often; events wake the loop at once
+DRAIN_SIGNALS = ("SIGTERM", "SIGHUP")
+SILENT_SECONDS = 3.0  # a machine this long silent may be lost: its peers' failures wait  # deadlines are checked at least this often; events wake the loop at once
 
 
 @value_class(frozen=True)
@@ -57,8 +62,9 @@ class LaunchOptions:
     drain_grace: float = 30.0     # after the termination notice of SIGTERM or SIGHUP
     resume: str | None = None
     lease: float = 60.0
-    lost_contact: float = 30.0
+    lost_contact: float = 20.0
     restarts: int = 0
+    spares: int | None = 0         # --spares: machines drawn from unused slots (None: all)
     baseline: bool = False
     cwd: str | None = None
     env: dict = field(default_factory=dict)
@@ -80,11 +86,14 @@ class Launch:
         self.reporter = reporter or PlainReporter()
         self.run_id = options.run_id or runs.new_run_id(options.example.name)
         self.record = runs.create(options.runs_dir, runs.check_run_id(self.run_id))
-        self.hosts = hosts or Hosts([m for m, _ in cluster.machines()])
+        # Spares get no task at the start; the rebuilt clusters of gpus/ and sharing keep theirs.
+        self.spares = list(cluster.spares)
+        self.hosts = hosts or Hosts([m for m, _ in cluster.machines()] + self.spares)
         self.monitor = None
         self.stop_event = threading.Event()
         self.stop_reason = None
         self.started = False
+        self.drain_hosts = []  # labels `tfcluster drain HOST` asked for, not yet moved
 
     # -- signals: one shutdown event
     def _on_signal(self, signum, frame):
@@ -100,8 +109,19 @@ class Launch:
         if self.monitor is not None:
             self.monitor.wake()
 
+    def _on_drain_host(self, signum, frame):
+        try:
+            with open(os.path.join(self.record.dir, DRAIN_HOSTS_FILE)) as handle:
+                self.drain_hosts += [h for h in json.load(handle) if isinstance(h, str)]
+            os.remove(os.path.join(self.record.dir, DRAIN_HOSTS_FILE))
+        except (OSError, ValueError, TypeError):
+            return
+        if self.monitor is not None:
+            self.monitor.wake()
+
     def run(self):
         previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        previous[DRAIN_HOST_SIGNAL] = signal.signal(DRAIN_HOST_SIGNAL, self._on_drain_host)
         try:
             with runs.private_files():
                 return self._run()
@@ -132,8 +152,11 @@ class Launch:
         for line in fencing.unfenced_warnings(self.cluster, reports) + provenance.package_warnings(
                 [m for m, _ in self.cluster.machines()], reports):
             self.reporter.note("warning: " + line)
-        specs = self.specs = task_specs(self.cluster, options, self.run_id,
-                                        thread_plan(self.cluster, reports, options))
+        self.spares, left_out = check_spares(self.hosts, self.spares)
+        for line in left_out:
+            self.reporter.note("warning: " + line)
+        self.threads = thread_plan(self.cluster, reports, options)
+        specs = self.specs = task_specs(self.cluster, options, self.run_id, self.threads)
         gpuqueue.hand_claims(specs, self.cluster, reports)
         proxies = proxy.exempt_cluster(specs, self.cluster, reports, options.env)
         if proxies:
@@ -241,7 +264,7 @@ class Launch:
         lease = 0 if self.options.detach else self.options.lease
         machines = [m for m, _ in self.cluster.machines()]
         run_dirs = {m.key: host_run_dir(m, self.run_id) for m in machines}
-        launch = sharing.launch_token(self.cluster)
+        launch = self.launch_token = sharing.launch_token(self.cluster)
 
         def start(link):
             mine = [specs[t.label].to_json() for t in self.cluster.tasks
@@ -250,6 +273,7 @@ class Launch:
                                         lease=lease, launch=launch), timeout=60,
                                 what="to start its tasks")
 
+        self.started_on = {m.key for m in machines}  # a spare's agent starts its tasks fresh
         failed = self.hosts.each(start, machines, timeout=70).reasons(machines)
         if failed:
             raise RunFailed("could not start the tasks on " + failed[0])
@@ -276,22 +300,125 @@ class Launch:
             if leftovers:
                 raise RunFailed("cannot restart the job: " + "; ".join(leftovers))
             self.monitor.pump(0)
+        self._start_again(tasks, count)
+        runs.save(self.record)
+        return True
+
+    def _start_again(self, tasks, count):
+        """Start TASKS (of self.cluster) again, the COUNTth time."""
+        labels = {t.label for t in tasks}
         for machine, mine in self.cluster.machines():
             # Programs may tell a restart from a first start (e.g. to skip a start barrier).
             specs = [self.specs[t.label].replace(env=dict(self.specs[t.label].env,
                                                           TFCLUSTER_RESTARTS=str(count))).to_json()
-                     for t in mine if t in tasks]
-            if specs:
-                self.hosts.link(machine).request(
-                    P.Start(run_dir=host_run_dir(machine, self.run_id), tasks=specs,
-                            lease=self.options.lease, restart=True),
-                    timeout=60, what="to restart %s" % ", ".join(s["name"] for s in specs))
+                     for t in mine if t.label in labels]
+            if not specs:
+                continue
+            again = machine.key in self.started_on
+            self.started_on.add(machine.key)
+            self.hosts.link(machine).request(
+                P.Start(run_dir=host_run_dir(machine, self.run_id), tasks=specs,
+                        lease=self.options.lease, restart=again,
+                        launch="" if again else self.launch_token),
+                timeout=60, what="to %s %s" % ("restart" if again else "start",
+                                               ", ".join(s["name"] for s in specs)))
         self.ps_deadline = time.monotonic() + self.options.start_timeout
         for restarted in tasks:
             self.monitor.restarting(restarted)
             self.reporter.task_restarted(restarted, count)
+
+    # -- lost machines: their tasks move to spares (docs/spares.md)
+    def _drain_hosts(self):
+        """Move the tasks of the hosts `tfcluster drain HOST` named to spares, after the
+        termination notice; a host that runs no task of the run, or no spare left, is said."""
+        asked, self.drain_hosts = self.drain_hosts, []
+        for label in asked:
+            machine = next((m for m, _ in self.cluster.machines()
+                            if label in (m.label, m.address)), None)
+            if machine is None:
+                self.reporter.note("drain %s: no task of this run runs there" % label)
+            elif not self._move([machine], "drained by tfcluster drain %s" % label,
+                                drain=Drain(self.options.drain_grace, "tfcluster drain %s"
+                                            % label)):
+                self.reporter.note("drain %s: no spare left to take its tasks; they go on "
+                                   "there" % label)
+
+    def _move(self, machines, why, drain=None):
+        """Move the tasks of lost MACHINES to spares and start them there (every task again,
+        from the last checkpoint, when the example's `move` or a moved chief or ps asks it);
+        False when too few spares are left. DRAIN: the tasks stopped get the termination
+        notice first (a drained host: they checkpoint before they move)."""
+        if len(self.spares) < len(machines):
+            return False
+        before, cluster, moves = self.cluster, self.cluster, []
+        for machine in machines:
+            spare = sharing.place_spare(cluster, self.spares.pop(0))
+            labels = [t.label for t in cluster.tasks if t.machine.key == machine.key]
+            cluster = cluster.moved(machine.key, spare)
+            moves.append((machine, spare, labels))
+            link = self.hosts.links.get(machine.key)
+            if link is not None:
+                link.detaching = True  # no more pings: its lease ends what still runs there
+        moved = [t for t in cluster.tasks if any(t.label in labels for _, _, labels in moves)]
+        whole = self.options.example.move == "job" or any(t.job in ("chief", "ps")
+                                                          for t in moved)
+        # A machine lost by its failures still answers: what runs there stops first.
+        silent = self._silent(machines)
+        reachable = Cluster([t for t in before.tasks if t.label in {m.label for m in moved}
+                             and t.machine.key not in silent])
+        stopping = before if whole else reachable
+        if drain is not None:
+            self.reporter.note("termination notice to %s (%s): they get %gs to checkpoint and "
+                               "end" % (wording.joined_labels([t.label for t in stopping.tasks]),
+                                        drain.reason, drain.seconds))
+        leftovers = [line for line in stop_tasks(self.hosts, stopping, self.options.stop_grace,
+                                                 skip=silent, drain=drain)
+                     if "unreachable" not in line] if stopping.tasks else []
+        if leftovers:
+            raise RunFailed("cannot move the tasks to a spare: " + "; ".join(leftovers))
+        self.monitor.pump(0)
+        self.cluster = cluster
+        self.monitor.placed(cluster)
+        self.specs = task_specs(cluster, self.options, self.run_id, self.threads)
+        self._record_moves(before, cluster, moves, why, whole)
+        count = len(self.record.restart_log) + len(self.record.moves)  # TFCLUSTER_RESTARTS
+        for machine, spare, labels in moves:
+            self.reporter.note(wording.moved(machine.label, spare.label, labels, whole,
+                                             time.time(), drained=drain is not None))
+        self._start_again(cluster.tasks if whole else moved, count)
         runs.save(self.record)
         return True
+
+    def _machine_silent(self):
+        """True while a machine of the run has said nothing for SILENT_SECONDS (its agent pings
+        every second) but is not lost yet."""
+        limit = time.monotonic() - SILENT_SECONDS
+        keys = {m.key for m, _ in self.cluster.machines()}
+        return any(link.hello is not None and link.last_heard < limit
+                   for key, link in self.hosts.links.items() if key in keys)
+
+    def _silent(self, machines):
+        """The keys of MACHINES whose agents do not answer."""
+        lost = {m.key for m in self.monitor.lost_machines(self.options.lost_contact)}
+        return {m.key for m in machines if m.key in lost}
+
+    def _record_moves(self, before, after, moves, why, whole):
+        record = self.record
+        known = {m.key for m in record.machines}
+        for machine, spare, labels in moves:
+            if spare.key not in known:
+                record.machines.append(MachineRecord(spare.to_dict(), {}))
+            record.moves.append(MoveEntry(
+                lost=machine.label, spare=spare.label, tasks=labels, why=why,
+                scope="job" if whole else "task", time=runs.now(),
+                cluster_before=before.jobs(), cluster_after=after.jobs()))
+        for task in after.tasks:
+            entry = record.tasks[task.label]
+            entry.machine, entry.port = task.machine.key, task.port
+            entry.address = task.address if task.port else None
+            entry.host_run_dir = host_run_dir(task.machine, self.run_id)
+            entry.command = self.specs[task.label].command
+        record.cluster, record.cluster_spec = after.jobs(), after.cluster_spec_string()
 
     def _finish_grace(self):
         """How long other workers may go on once the policy is met. When a real chief
@@ -326,15 +453,35 @@ class Launch:
             if stalled is not None and options.on_stall == "stop":
                 return RunStalled(str(stalled), cause=stalled), []
             monitor.diagnosis.straggling()
+            if self.drain_hosts:
+                self._drain_hosts()
+                cluster, ps_tasks = self.cluster, self.cluster.job_tasks("ps")
+            # The tasks of a lost machine end with it: the machine's loss is decided first.
+            lost = monitor.lost_machines(options.lost_contact, [m.key for m in self.spares])
+            for spare in [m for m in self.spares if m in lost]:
+                self.spares.remove(spare)
+                self.reporter.note("warning: spare %s left out: %s" % (spare.label, (
+                    wording.machine_silent([spare.label], options.lost_contact))))
+            lost = [m for m in lost if m.key in {k.key for k, _ in cluster.machines()}]
+            if lost:
+                why = wording.machine_silent([m.label for m in lost], options.lost_contact)
+                if self._move(lost, why):
+                    cluster = self.cluster
+                    ps_tasks = cluster.job_tasks("ps")
+                    continue
+                return RunFailed(wording.no_spare_left(
+                    wording.joined_labels([m.label for m in lost]), why)), lost
             failed = monitor.diagnosis.failure()
+            if failed and self.spares and self._machine_silent():
+                continue  # its peers fail first when a link goes: the loss may decide yet
             if failed and self._restart(failed.task, str(failed)):
+                continue
+            if failed and options.restarts and self._move([failed.task.machine], (
+                    wording.failed_on_machine(failed.task.label, failed.task.machine.label,
+                                              self.record.tasks[failed.task.label].restarts + 1))):
                 continue
             if failed:
                 return RunFailed.of(monitor.diagnosis.failed(failed.task)), []
-            lost = monitor.lost_machines(options.lost_contact)
-            if lost:
-                return RunFailed("lost contact with %s for %gs: its agent stopped answering" % (
-                    ", ".join(m.label for m in lost), options.lost_contact)), lost
             waiting = [t for t in ps_tasks if t.label not in monitor.listening]
             if waiting and time.monotonic() > self.ps_deadline:
                 return RunFailed("%s not listening after %gs (raise --start-timeout)" % (
@@ -371,8 +518,8 @@ def launch(inventory_path, options, load_slots, reporter=None, planned=None):
     example = options.example
     counts = launch_counts(example, options.counts)
     if not options.baseline:
-        return Launch(make_cluster(inventory_path, slots, counts, example), options,
-                      inventory_path, reporter).run()
+        return Launch(make_cluster(inventory_path, slots, counts, example, options.spares),
+                      options, inventory_path, reporter).run()
     # --baseline: the same example with a single training task first, then the cluster.
     reporter = reporter or PlainReporter()
     run_id = options.run_id or runs.new_run_id(example.name)
@@ -384,7 +531,7 @@ def launch(inventory_path, options, load_slots, reporter=None, planned=None):
            replace(options, run_id=run_id + "-baseline", baseline=False),
            inventory_path, reporter).run()
     base = runs.load(options.runs_dir, run_id + "-baseline")
-    code = Launch(make_cluster(inventory_path, slots, counts, example),
+    code = Launch(make_cluster(inventory_path, slots, counts, example, options.spares),
                   replace(options, run_id=run_id, baseline=False), inventory_path, reporter).run()
     main = runs.load(options.runs_dir, run_id)
     for line in efficiency_lines(base, main):

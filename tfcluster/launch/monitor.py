@@ -28,10 +28,9 @@ class Monitor:
 
     def __init__(self, hosts, cluster, record_dir, reporter, metrics=None):
         self.hosts = hosts
-        self.cluster = cluster
         self.reporter = reporter
         self.metrics = metrics
-        self.by_name = {(t.machine.key, t.name): t for t in cluster.tasks}
+        self.placed(cluster)
         self._states = {}          # label -> TaskStatus; written by _set() alone
         self.listening = set()     # labels of ps tasks that listen
         self.started_at = {}       # label -> time.time() of its start
@@ -46,6 +45,11 @@ class Monitor:
         self.diagnosis = Diagnosis(self)  # why tasks wait, stall, lag or fail
         if record_dir:
             os.makedirs(record_dir, exist_ok=True)
+
+    def placed(self, cluster):
+        """Follow CLUSTER's tasks where they are now (again after a move to a spare)."""
+        self.cluster = cluster
+        self.by_name = {(t.machine.key, t.name): t for t in cluster.tasks}
 
     # ------------------------------------------------------------ events
     def pump(self, timeout):
@@ -198,11 +202,13 @@ class Monitor:
         self._logs = {}
 
     # ------------------------------------------------------------ contact
-    def lost_machines(self, seconds):
-        """Machines not heard from for SECONDS, or whose agent's stream ended."""
+    def lost_machines(self, seconds, spares=()):
+        """Machines not heard from for SECONDS, or whose agent's stream ended; of the run's
+        machines, and of the spares (SPARES: their keys) still waiting."""
         limit = time.monotonic() - seconds
+        keys = {m.key for m, _ in self.cluster.machines()} | set(spares)
         return [link.machine for key, link in self.hosts.links.items()
-                if link.hello is not None and
+                if key in keys and link.hello is not None and
                 (link.last_heard < limit or key in self.closed_links)]
 
 

@@ -14,14 +14,14 @@ def launch_counts(example, counts):
     return dict({job: example.topology.get(job, 0) for job in JOBS}, **counts)
 
 
-def make_cluster(inventory_path, slots, counts, example):
+def make_cluster(inventory_path, slots, counts, example, spares=0):
     have = {s.job for s in slots}
     for job, wanted in counts.items():
         if wanted and job not in have:
             raise UsageError("inventory %s has no [%s] group but %s needs %s %s task(s): add "
                              "one, or run an example it fits (tfcluster examples -i %s)"
                              % (inventory_path, job, example.name, wanted, job, inventory_path))
-    cluster = build_cluster(slots, counts, example.task_per_gpu)
+    cluster = build_cluster(slots, counts, example.task_per_gpu, spares)
     if not cluster.job_tasks("worker") and not cluster.job_tasks("chief"):
         raise UsageError("inventory %s has no [worker] or [chief] hosts: nothing would train"
                          % inventory_path)

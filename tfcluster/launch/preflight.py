@@ -28,6 +28,38 @@ def runs_this_checkout(machine):
     return machine.is_local and os.path.realpath(machine.root) == os.path.realpath(code_root())
 
 
+def check_machine(link, ports, datasets):
+    """The agent's preflight report of LINK's machine (a dict), for PORTS and DATASETS."""
+    machine = link.machine
+    # The host's own cache: TensorFlow is imported once per interpreter and install, not at
+    # every launch (16 test hosts on one machine would import it 16 times a launch).
+    request = P.Preflight(python=machine.python, ports=ports, code_dir=machine.root,
+                          cache_dir="~", datasets=datasets, nvidia_smi=machine.nvidia_smi,
+                          workdir=machine.workdir, fence_file=machine.fence_file)
+    return link.request(request, timeout=IMPORT_SECONDS, what="to the preflight").report
+
+
+def check_spares(hosts, spares):
+    """(the SPARES whose agent answers with a working Python, [why each other one is left
+    out]): a spare's link is opened at the start, so that its loss is seen too."""
+    if not spares:
+        return [], []
+    outcomes = hosts.each(lambda link: check_machine(link, [], []), spares,
+                          timeout=max(m.connect_timeout for m in spares) + IMPORT_SECONDS + 30)
+    ready, problems = [], []
+    for machine in spares:
+        if machine.key in outcomes.failed:
+            problems.append("spare %s left out: %s" % (machine.label,
+                                                       outcomes.failed[machine.key].reason))
+            continue
+        report = PreflightReport.from_json(outcomes.succeeded[machine.key])
+        if not report.python_ok:
+            problems.append("spare %s left out: %s" % (machine.label, report.error))
+        else:
+            ready.append(machine)
+    return ready, problems
+
+
 def preflight(hosts, cluster, expect_code=True, data_needs=None):
     """Open every machine's agent and check it; returns ({machine key: PreflightReport},
     [problem]).
@@ -36,16 +68,8 @@ def preflight(hosts, cluster, expect_code=True, data_needs=None):
     controller_hash = controller_code_hash()
 
     def check(link):
-        machine = link.machine
-        ports = [t.port for t in cluster.tasks if t.machine.key == machine.key and t.port]
-        # The host's own cache: TensorFlow is imported once per interpreter and install, not at
-        # every launch (16 test hosts on one machine would import it 16 times a launch).
-        cache = "~"
-        request = P.Preflight(python=machine.python, ports=ports, code_dir=machine.root,
-                              cache_dir=cache, datasets=data_needs.get(machine.key, []),
-                              nvidia_smi=machine.nvidia_smi, workdir=machine.workdir,
-                              fence_file=machine.fence_file)
-        return link.request(request, timeout=IMPORT_SECONDS, what="to the preflight").report
+        ports = [t.port for t in cluster.tasks if t.machine.key == link.machine.key and t.port]
+        return check_machine(link, ports, data_needs.get(link.machine.key, []))
 
     machines = [m for m, _ in cluster.machines()]
     outcomes = hosts.each(check, machines,

@@ -31,6 +31,14 @@ def subfolder_names(group, reports):
     return names
 
 
+def place_spare(cluster, spare):
+    """SPARE with a run folder of its own inside a shared one when CLUSTER's machines have
+    theirs (it had no preflight of their folders: it joins the run later)."""
+    if any(m.run_subdir for m, _ in cluster.machines()):
+        return replace(spare, run_subdir=safe_name(spare.label))
+    return spare
+
+
 def place_run_folders(cluster, reports):
     """CLUSTER with a run folder of its own (Machine.run_subdir) for every machine whose
     workdir another machine of the run shares; CLUSTER itself when none does."""

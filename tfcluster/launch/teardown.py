@@ -16,6 +16,10 @@ from tfcluster_agent.supervisor import group_is_ours
 from tfcluster_agent.values import value_class
 
 COLLECTED_FOLDERS = ("tensorboard",)
+# `tfcluster drain HOST` writes the hosts (a JSON list) into the run folder, then sends the
+# launcher this signal: it moves their tasks to spares after the termination notice.
+DRAIN_HOSTS_FILE = "drain-hosts.json"
+DRAIN_HOST_SIGNAL = signal.SIGUSR1
 
 
 def stop_tasks(hosts, cluster, grace, skip=(), drain=None):

@@ -220,6 +220,23 @@ class RestartEntry:
         return cls(**{f.name: data.get(f.name) for f in fields(cls)})
 
 
+@value_class
+class MoveEntry:
+    """A lost machine's tasks moved to a spare: both placements ({job: [host:port]})."""
+    lost: str     # the lost machine's label
+    spare: str    # the spare's label
+    tasks: list   # the labels of the tasks that moved
+    why: str
+    scope: str    # task (the moved tasks restarted) | job (every task restarted)
+    time: str
+    cluster_before: dict
+    cluster_after: dict
+
+    @classmethod
+    def from_json(cls, data):
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
 class RunState(_Word):
     """The run's own state; RunRecord.become is its one writer."""
     STARTING = "starting"
@@ -268,6 +285,7 @@ class RunRecord:
     tasks: dict = field(default_factory=dict)             # label -> TaskRecord
     results: dict = field(default_factory=dict)           # label -> its TFCLUSTER_RESULT
     restart_log: list = field(default_factory=list)       # [RestartEntry]
+    moves: list = field(default_factory=list)             # [MoveEntry]: tasks moved to spares
     leftovers: list = field(default_factory=list)
     collection_problems: list = field(default_factory=list)
     exit_code: int | None = None
@@ -313,6 +331,7 @@ class RunRecord:
                     machines=[m.to_json() for m in self.machines],
                     tasks={label: t.to_json() for label, t in self.tasks.items()},
                     restart_log=[vars(e) for e in self.restart_log],
+                    moves=[vars(e) for e in self.moves] or None,  # absent: nothing moved
                     provenance=self.provenance and self.provenance.to_json())
         return {k: v for k, v in data.items() if v is not None or k == "exit_code"}
 
@@ -346,6 +365,7 @@ class RunRecord:
                 runs_dir=runs_dir, claimed=True, machines=machines,
                 tasks={label: TaskRecord.from_json(label, t, keys) for label, t in tasks.items()},
                 restart_log=[RestartEntry.from_json(e) for e in data.get("restart_log", [])],
+                moves=[MoveEntry.from_json(e) for e in data.get("moves", [])],
                 results=data.get("results") or {},
                 provenance=data.get("provenance") and Provenance.from_json(data["provenance"]))
             return cls(**values)

@@ -41,6 +41,10 @@ class Example:
     # What --restarts restarts when a worker fails: the task alone, or every task ("job": the
     # programs whose workers cannot rejoin, like MultiWorkerMirroredStrategy's all-reduce).
     restart: str = "task"
+    # What moving a lost machine's tasks to a spare restarts (docs/spares.md): the moved tasks
+    # alone, or every task from the last checkpoint ("job": programs whose peers keep the old
+    # addresses, like ParameterServerStrategy's ClusterCoordinator, or cannot rejoin).
+    move: str = "task"
     # The data set its `args` read from disk; preflight checks its files on every machine.
     dataset: str = ""
     # Groups it can also take tasks from, beyond its topology's (count flags: `--chief 1`).
@@ -78,7 +82,7 @@ def get_example(name, catalog=None):
 def custom_example(command, success):
     """A user's own program: every task of the inventory runs COMMAND."""
     return Example(name="custom", description="user command", command=command, topology={},
-                   success=success)
+                   success=success, move="job")
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,10 +2,10 @@
 import json
 
 from tfcluster.errors import UsageError
-from tfcluster.hosts.inventory import JOBS, Machine
+from tfcluster.hosts.inventory import JOBS, SPARE, Machine
 from tfcluster_agent import clusterspec, protocol
 from tfcluster_agent.clusterspec import format_cluster_spec
-from tfcluster_agent.values import value_class
+from tfcluster_agent.values import replace, value_class
 
 # Jobs that run a gRPC server and so appear in the cluster; an evaluator only reads checkpoints.
 SERVER_JOBS = ("chief", "worker", "ps")
@@ -39,8 +39,9 @@ class Task(protocol.TaskNames):
 
 
 class Cluster:
-    def __init__(self, tasks):
+    def __init__(self, tasks, spares=()):
         self.tasks = list(tasks)
+        self.spares = list(spares)  # Machines that get no task at the start (docs/spares.md)
         self._jobs = None  # (the tasks' ids, jobs()) as last computed
 
     def _server_jobs(self):
@@ -77,6 +78,22 @@ class Cluster:
             grouped.setdefault(task.machine.key, (task.machine, []))[1].append(task)
         return list(grouped.values())
 
+    def moved(self, lost, spare):
+        """This cluster with the tasks of machine key LOST on Machine SPARE, each with its job
+        and index, on its port when the spare has it free (else the next free one)."""
+        used = {t.port for t in self.tasks if t.machine.key == spare.key and t.port}
+        tasks = []
+        for task in self.tasks:
+            if task.machine.key == lost:
+                port = task.port
+                while port is not None and port in used:
+                    port += 1
+                if port is not None:
+                    used.add(port)
+                task = replace(task, machine=spare, port=port)
+            tasks.append(task)
+        return Cluster(tasks, [m for m in self.spares if m.key != spare.key])
+
     def find(self, label):
         for task in self.tasks:
             if task.label == label or task.name == label:
@@ -85,15 +102,17 @@ class Cluster:
                          % (label, ", ".join(t.label for t in self.tasks)))
 
 
-def build_cluster(slots, counts=None, task_per_gpu=True):
+def build_cluster(slots, counts=None, task_per_gpu=True, spares=0):
     """Tasks for SLOTS: GPU expansion, COUNTS (job -> number or None for all), ports, validation.
 
     TASK_PER_GPU false keeps one task per worker slot that sees all of its GPUs (for programs
-    that spread over local devices themselves, like the multi-tower examples)."""
+    that spread over local devices themselves, like the multi-tower examples). The cluster's
+    spares: the machines of the [spare] group, then SPARES more drawn from the slots no task
+    took, on machines that run no task."""
     tasks_by_job = {}
     for slot in slots:
         tasks_by_job.setdefault(slot.job, []).extend(_expand(slot, task_per_gpu))
-    chosen = []
+    chosen, unused = [], []
     for job in JOBS:
         available = tasks_by_job.get(job, [])
         wanted = len(available) if not counts or counts.get(job) is None else counts[job]
@@ -101,9 +120,31 @@ def build_cluster(slots, counts=None, task_per_gpu=True):
             raise UsageError("the inventory has %d %s task(s) but %d are needed: add hosts to "
                              "its [%s] group or ask for fewer" % (len(available), job, wanted, job))
         chosen.extend(available[:wanted])
+        unused.extend(slot for slot, _, _ in available[wanted:])
     tasks = _assign_ports(chosen)
     _check_unique_addresses(tasks)
-    return Cluster(tasks)
+    return Cluster(tasks, _spare_machines(slots, unused, tasks, spares))
+
+
+def _spare_machines(slots, unused, tasks, extra):
+    """Distinct machines without a task: the [spare] group's, then EXTRA from UNUSED slots."""
+    taken = {t.machine.key for t in tasks}
+    spares = []
+    for slot in [s for s in slots if s.job == SPARE]:
+        if slot.machine.key not in taken:
+            taken.add(slot.machine.key)
+            spares.append(slot.machine)
+    drawn = 0
+    for slot in unused:  # EXTRA None: every one
+        if (extra is None or drawn < extra) and slot.machine.key not in taken:
+            taken.add(slot.machine.key)
+            spares.append(slot.machine)
+            drawn += 1
+    if extra is not None and drawn < extra:
+        raise UsageError("--spares %d: only %d machine(s) of the inventory are left without a "
+                         "task: add hosts to its [spare] group or ask for fewer spares"
+                         % (extra, drawn))
+    return spares
 
 
 def job_counts(slots):

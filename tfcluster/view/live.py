@@ -100,6 +100,7 @@ class LiveReporter(Reporter):
     def task_started(self, task, pid):
         row = self._row(task)
         with self._lock:
+            row.task = task  # where it runs now: a spare after a move
             row.state, row.pid, row.exit = "running", pid, None
 
     def task_line(self, task, line):
@@ -129,6 +130,7 @@ class LiveReporter(Reporter):
     def task_restarted(self, task, restarts):
         row = self._row(task)
         with self._lock:
+            row.task = task
             row.restarts, row.state, row.exit = restarts, "restarting", None
 
     def task_stalled(self, task, stalled):

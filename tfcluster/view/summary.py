@@ -34,6 +34,10 @@ def print_summary(reporter, cluster, record, causes=(), row_notes=None):
         reporter.out("cluster throughput: %s examples/s (sum over %d training task(s))"
                      % (_fmt(total), sum(1 for t in cluster.tasks if t.job in TRAINING_JOBS
                                          and results.get(t.label, {}).get("examples_per_s"))))
+    for move in record.moves:
+        reporter.out("moved %s from %s to spare %s at %s (%s; %s restarted)" % (
+            ", ".join(move.tasks), move.lost, move.spare, move.time, move.why,
+            "every task" if move.scope == "job" else "the moved tasks alone"))
     for line in causes:
         reporter.out(line)
     reporter.out("run %s %s" % (record.id, record.state))

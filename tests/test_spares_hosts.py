@@ -1,0 +1,151 @@
+"""Spares on the network-namespace test hosts: three hosts and a spare (th1..th4). A worker
+host's link is cut (its veth down) in the middle of a MultiWorkerMirroredStrategy run; a
+ParameterServerStrategy worker is killed; a cut without a spare fails the run."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from support import REPO
+from support.cli import run_record, tfcluster
+from support.procs import wait_for
+from support.testhosts import HostSet, exclusive
+from hostlib.lose import last_step_before_restart
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+TRAIN = ["--dataset=digits", "--batch_size=30", "--train_steps=300", "--save_every_steps=50",
+         "--log_every=10"]
+
+
+@pytest.fixture
+def four_hosts():
+    with exclusive():
+        hosts = HostSet(4)
+        hosts.up()
+        try:
+            yield hosts
+        finally:
+            for i in range(1, 5):
+                try:
+                    hosts.link(i, "up")
+                except RuntimeError:
+                    pass
+            hosts.down(check=False)
+
+
+def inventory(hosts, tmp_path, groups, workdir=None):
+    """GROUPS: {group: [host number]}; each host's own /opt holds the run folders, or WORKDIR
+    that every host shares."""
+    lines = ["all:", "  vars:", "    ansible_user: root",
+             "    ansible_ssh_private_key_file: %s" % hosts.key,
+             "    tfcluster_known_hosts: %s" % hosts.known_hosts,
+             "    tfcluster_root: %s" % REPO, "    tfcluster_python: %s" % sys.executable,
+             "    tfcluster_workdir: %s" % (workdir or "/opt/tfc-spares/%s/work" % tmp_path.name),
+             "    tfcluster_connect_timeout: 5", "    tfcluster_port_base: 24100",
+             "  children:"]
+    for group, numbers in groups.items():
+        lines += ["    %s:" % group, "      hosts:"]
+        lines += ["        %s: {ansible_host: %s}" % (hosts.hosts[i - 1][0], hosts.addr(i))
+                  for i in numbers]
+    path = tmp_path / "hosts.yml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def metrics(runs_dir, run_id):
+    path = os.path.join(runs_dir, run_id, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def launch(runs_dir, *args):
+    return subprocess.Popen([sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir,
+                             "launch", "--plain", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_cut_worker_link_moves_the_run_to_the_spare(four_hosts, tmp_path):
+    hosts, runs_dir = four_hosts, str(tmp_path / "runs")
+    path = inventory(hosts, tmp_path, {"worker": [1, 2, 3], "spare": [4]})
+    launcher = launch(runs_dir, "multi_worker_mirrored", "-i", path, "--workers", "3",
+                      "--run-id", "cut", "--lost-contact", "10", "--", *TRAIN)
+    try:
+        wait_for(lambda: launcher.poll() is not None or any(
+            p["task"] == "worker:2" and p["step"] >= 70 for p in metrics(runs_dir, "cut")),
+            400, "step 70")
+        assert launcher.poll() is None, launcher.communicate()[0][-3000:]
+        cut_at = time.time()
+        hosts.link(3, "down")
+        out, _ = launcher.communicate(timeout=500)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, out[-4000:]
+    record = run_record(runs_dir, "cut")
+    move, = record["moves"]
+    assert (move["lost"], move["spare"], move["tasks"]) == \
+        (hosts.addr(3), hosts.addr(4), ["worker:2"]), move
+    results = record["results"]
+    start, = {r["start_step"] for r in results.values()}
+    last_step = last_step_before_restart(metrics(runs_dir, "cut"), "worker:0")
+    assert 0 <= last_step - start <= 50, (last_step, start)
+    on_spare = [p["time"] for p in metrics(runs_dir, "cut")
+                if p["task"] == "worker:2" and p["time"] > cut_at]
+    assert on_spare and min(on_spare) - cut_at <= 45, min(on_spare or [0]) - cut_at
+    assert {r["global_step"] for r in results.values()} == {300}
+    # The same steps uninterrupted, on the three hosts that still have a link.
+    (tmp_path / "whole").mkdir()
+    whole_path = inventory(hosts, tmp_path / "whole", {"worker": [1, 2, 4]})
+    tfcluster("launch", "multi_worker_mirrored", "-i", whole_path, "--workers", "3", "--plain",
+              "--run-id", "whole", "--", *TRAIN, runs_dir=runs_dir, check=0)
+    whole = run_record(runs_dir, "whole")["results"]["worker:0"]["accuracy"]
+    assert abs(results["worker:0"]["accuracy"] - whole) <= 0.02, (results, whole)
+
+
+def test_a_killed_ps_strategy_worker_restarts_alone(four_hosts, tmp_path):
+    hosts, runs_dir = four_hosts, str(tmp_path / "runs")
+    # ParameterServerStrategy saves each variable on its ps's machine: one folder for all.
+    path = inventory(hosts, tmp_path, {"chief": [1], "worker": [2, 3], "ps": [1, 3],
+                                       "spare": [4]}, workdir=str(tmp_path / "work"))
+    launcher = launch(runs_dir, "ps_strategy", "-i", path, "--smoke", "--restarts", "1",
+                      "--start-timeout", "300", "--run-id", "pss", "--", "--train_steps=2000")
+    try:
+        wait_for(lambda: launcher.poll() is not None or any(
+            p["task"] == "chief:0" and p["step"] >= 100 for p in metrics(runs_dir, "pss")),
+            400, "step 100")
+        assert launcher.poll() is None, launcher.communicate()[0][-3000:]
+        pid = run_record(runs_dir, "pss")["tasks"]["worker:1"]["pid"]
+        os.killpg(os.getpgid(pid), signal.SIGKILL)  # the task's shell and its Python
+        out, _ = launcher.communicate(timeout=500)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, out[-4000:]
+    record = run_record(runs_dir, "pss")
+    assert [(e["task"], e["scope"]) for e in record["restart_log"]] == [("worker:1", "task")]
+    assert not record.get("moves")
+    assert {label: t["restarts"] for label, t in record["tasks"].items()} == {
+        "chief:0": 0, "worker:0": 0, "worker:1": 1, "ps:0": 0, "ps:1": 0}
+
+
+def test_a_cut_link_without_a_spare_fails_the_run_naming_the_machine(four_hosts, tmp_path):
+    hosts, runs_dir = four_hosts, str(tmp_path / "runs")
+    path = inventory(hosts, tmp_path, {"worker": [1, 2, 3]})
+    launcher = launch(runs_dir, "--cmd", "sleep 600", "-i", path, "--run-id", "nospare")
+    try:
+        wait_for(lambda: os.path.exists(runs_dir) and os.listdir(runs_dir) and
+                 run_record(runs_dir, "nospare").get("state") == "running", 120, "running")
+        cut_at = time.monotonic()
+        hosts.link(2, "down")
+        out, _ = launcher.communicate(timeout=120)
+        seconds = time.monotonic() - cut_at
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1, out[-3000:]
+    assert seconds <= 30, seconds
+    assert "lost machine %s" % hosts.addr(2) in out, out[-2000:]

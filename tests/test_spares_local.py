@@ -1,0 +1,157 @@
+"""Spares with real TensorFlow on this machine: three local "machines" (127.0.0.1, .2, .3, each
+with its own agent), the third in the [spare] group. A machine is lost when its agent and its
+tasks are killed at once."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from support import REPO
+from support.cli import run_record, tfcluster
+from support.ports import free_port_block
+from support.procs import stop_leftovers, wait_for
+from hostlib.lose import last_step_before_restart, lose_local_machine
+
+pytestmark = pytest.mark.slow  # real launches, TensorFlow in one
+
+TRAIN = ["--dataset=digits", "--batch_size=32", "--train_steps=300", "--save_every_steps=50",
+         "--log_every=10"]
+
+
+def inventory_text(workdir):
+    """Three local machines; their ports apart (they are one machine's ports)."""
+    base = free_port_block()
+    return """all:
+  vars:
+    ansible_connection: local
+    tfcluster_deploy: false
+    tfcluster_root: {repo}
+    tfcluster_python: {python}
+    tfcluster_workdir: {workdir}
+    tfcluster_data_dir: {workdir}/data
+  children:
+    worker:
+      hosts:
+        w0: {{ansible_host: 127.0.0.1, tfcluster_port_base: {port}}}
+        w1: {{ansible_host: 127.0.0.2, tfcluster_port_base: {port2}}}
+    spare:
+      hosts:
+        s1: {{ansible_host: 127.0.0.3, tfcluster_port_base: {port3}}}
+""".format(repo=REPO, python=sys.executable, workdir=workdir, port=base, port2=base + 4,
+           port3=base + 8)
+
+
+@pytest.fixture
+def machines(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(inventory_text(str(tmp_path / "work")))
+    yield str(inventory), str(tmp_path / "runs")
+    leftovers = stop_leftovers(str(tmp_path))
+    assert not leftovers, "processes of the test were still running: %s" % leftovers
+
+
+def metrics(runs_dir, run_id):
+    path = os.path.join(runs_dir, run_id, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
+    inventory, runs_dir = machines
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch",
+         "multi_worker_mirrored", "-i", inventory, "--plain", "--run-id", "moved",
+         "--lost-contact", "10", "--"] + TRAIN,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def trained_past_a_checkpoint():
+            steps = [p["step"] for p in metrics(runs_dir, "moved") if p["task"] == "worker:1"]
+            return steps and max(steps) >= 70
+        wait_for(trained_past_a_checkpoint, 300, "worker:1 to train past step 70")
+        record = run_record(runs_dir, "moved")
+        cut_at = time.time()
+        lose_local_machine(record["tasks"]["worker:1"]["pid"], launcher.pid)
+        out, _ = launcher.communicate(timeout=400)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, out[-4000:]
+    record = run_record(runs_dir, "moved")
+    move, = record["moves"]
+    assert (move["lost"], move["spare"], move["tasks"], move["scope"]) == \
+        ("127.0.0.2", "127.0.0.3", ["worker:1"], "job"), move
+    assert move["cluster_before"]["worker"][1].startswith("127.0.0.2:")
+    assert record["tasks"]["worker:1"]["address"].startswith("127.0.0.3:")
+    assert "moved worker:1 from lost 127.0.0.2 to spare 127.0.0.3" in out
+    results = record["results"]
+    starts = {r["start_step"] for r in results.values()}
+    assert len(starts) == 1 and {r["global_step"] for r in results.values()} == {300}, results
+    redone = last_step_before_restart(metrics(runs_dir, "moved"), "worker:0") - starts.pop()
+    assert 0 <= redone <= 50, (redone, results)
+    # Training goes on on the spare within 45 s of the loss.
+    on_spare = [p["time"] for p in metrics(runs_dir, "moved")
+                if p["task"] == "worker:1" and p["time"] > cut_at]
+    assert on_spare and min(on_spare) - cut_at <= 45, (min(on_spare or [0]) - cut_at)
+    assert len({r["param_checksum"] for r in results.values()}) == 1
+    # The same steps, uninterrupted: the same accuracy within 0.02.
+    tfcluster("launch", "multi_worker_mirrored", "-i", inventory, "--plain", "--run-id",
+              "whole", "--", *TRAIN, runs_dir=runs_dir, check=0)
+    whole = run_record(runs_dir, "whole")["results"]["worker:0"]["accuracy"]
+    assert abs(results["worker:0"]["accuracy"] - whole) <= 0.02, (results, whole)
+
+
+def test_without_a_spare_a_lost_machine_fails_the_run_naming_it(machines, tmp_path):
+    inventory, runs_dir = machines
+    text = open(inventory).read().split("    spare:")[0]
+    open(inventory, "w").write(text)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd",
+         "sleep 600", "-i", inventory, "--plain", "--run-id", "nospare"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def running():
+            try:
+                return all(t.get("pid") for t in run_record(runs_dir, "nospare")["tasks"].values())
+            except (OSError, ValueError, KeyError):
+                return False
+        wait_for(running, 120, "the tasks to run")
+        cut_at = time.monotonic()
+        lose_local_machine(run_record(runs_dir, "nospare")["tasks"]["worker:1"]["pid"], launcher.pid)
+        out, _ = launcher.communicate(timeout=120)
+        seconds = time.monotonic() - cut_at
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1, out[-3000:]
+    assert seconds <= 30, seconds
+    assert "lost machine 127.0.0.2" in out and "no spare machine left" in out
+    assert run_record(runs_dir, "nospare")["state"] == "failed"
+
+
+def test_drain_host_gives_the_notice_then_moves_its_tasks_to_the_spare(machines):
+    inventory, runs_dir = machines
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd",
+         "sleep 600", "-i", inventory, "--plain", "--run-id", "drained", "--drain-grace", "2"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def running():
+            try:
+                return all(t.get("pid") for t in run_record(runs_dir, "drained")["tasks"].values())
+            except (OSError, ValueError, KeyError):
+                return False
+        wait_for(running, 120, "the tasks to run")
+        proc = tfcluster("drain", "127.0.0.2", runs_dir=runs_dir, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "moved worker:1 from 127.0.0.2 to 127.0.0.3" in proc.stderr + proc.stdout
+        record = run_record(runs_dir, "drained")
+        assert record["moves"][0]["why"] == "drained by tfcluster drain 127.0.0.2"
+        assert record["tasks"]["worker:1"]["address"].startswith("127.0.0.3:")
+        tfcluster("stop", "drained", runs_dir=runs_dir, check=0)
+        out, _ = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert "termination notice to worker:0 and worker:1 (tfcluster drain 127.0.0.2)" in out, out
