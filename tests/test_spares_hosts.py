@@ -1,7 +1,6 @@
 """Spares on the network-namespace test hosts: three hosts and a spare (th1..th4). A worker
 host's link is cut (its veth down) in the middle of a MultiWorkerMirroredStrategy run; a
 ParameterServerStrategy worker is killed; a cut without a spare fails the run."""
-import json
 import os
 import signal
 import subprocess
@@ -11,7 +10,7 @@ import time
 import pytest
 
 from support import REPO
-from support.cli import run_record, tfcluster
+from support.cli import metrics_points, run_record, tfcluster
 from support.procs import wait_for
 from support.testhosts import HostSet, exclusive
 from hostlib.lose import last_step_before_restart
@@ -57,14 +56,6 @@ def inventory(hosts, tmp_path, groups, workdir=None):
     return str(path)
 
 
-def metrics(runs_dir, run_id):
-    path = os.path.join(runs_dir, run_id, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 def launch(runs_dir, *args):
     return subprocess.Popen([sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir,
                              "launch", "--plain", *args], cwd=REPO, stdout=subprocess.PIPE,
@@ -78,7 +69,7 @@ def test_a_cut_worker_link_moves_the_run_to_the_spare(four_hosts, tmp_path):
                       "--run-id", "cut", "--lost-contact", "10", "--", *TRAIN)
     try:
         wait_for(lambda: launcher.poll() is not None or any(
-            p["task"] == "worker:2" and p["step"] >= 70 for p in metrics(runs_dir, "cut")),
+            p["task"] == "worker:2" and p["step"] >= 70 for p in metrics_points(runs_dir, "cut")),
             400, "step 70")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
         cut_at = time.time()
@@ -93,9 +84,9 @@ def test_a_cut_worker_link_moves_the_run_to_the_spare(four_hosts, tmp_path):
         (hosts.addr(3), hosts.addr(4), ["worker:2"]), move
     results = record["results"]
     start, = {r["start_step"] for r in results.values()}
-    last_step = last_step_before_restart(metrics(runs_dir, "cut"), "worker:0")
+    last_step = last_step_before_restart(metrics_points(runs_dir, "cut"), "worker:0")
     assert 0 <= last_step - start <= 50, (last_step, start)
-    on_spare = [p["time"] for p in metrics(runs_dir, "cut")
+    on_spare = [p["time"] for p in metrics_points(runs_dir, "cut")
                 if p["task"] == "worker:2" and p["time"] > cut_at]
     assert on_spare and min(on_spare) - cut_at <= 45, min(on_spare or [0]) - cut_at
     assert {r["global_step"] for r in results.values()} == {300}
@@ -117,7 +108,7 @@ def test_a_killed_ps_strategy_worker_restarts_alone(four_hosts, tmp_path):
                       "--start-timeout", "300", "--run-id", "pss", "--", "--train_steps=2000")
     try:
         wait_for(lambda: launcher.poll() is not None or any(
-            p["task"] == "chief:0" and p["step"] >= 100 for p in metrics(runs_dir, "pss")),
+            p["task"] == "chief:0" and p["step"] >= 100 for p in metrics_points(runs_dir, "pss")),
             400, "step 100")
         assert launcher.poll() is None, launcher.communicate()[0][-3000:]
         pid = run_record(runs_dir, "pss")["tasks"]["worker:1"]["pid"]

@@ -1,8 +1,6 @@
 """Spares with real TensorFlow on this machine: three local "machines" (127.0.0.1, .2, .3, each
 with its own agent), the third in the [spare] group. A machine is lost when its agent and its
 tasks are killed at once."""
-import json
-import os
 import subprocess
 import sys
 import time
@@ -10,7 +8,7 @@ import time
 import pytest
 
 from support import REPO
-from support.cli import run_record, tfcluster
+from support.cli import local_vars_text, metrics_points, run_record, tfcluster
 from support.ports import free_port_block
 from support.procs import stop_leftovers, wait_for
 from hostlib.lose import last_step_before_restart, lose_local_machine
@@ -24,15 +22,7 @@ TRAIN = ["--dataset=digits", "--batch_size=32", "--train_steps=300", "--save_eve
 def inventory_text(workdir):
     """Three local machines; their ports apart (they are one machine's ports)."""
     base = free_port_block()
-    return """all:
-  vars:
-    ansible_connection: local
-    tfcluster_deploy: false
-    tfcluster_root: {repo}
-    tfcluster_python: {python}
-    tfcluster_workdir: {workdir}
-    tfcluster_data_dir: {workdir}/data
-  children:
+    return local_vars_text(workdir) + """  children:
     worker:
       hosts:
         w0: {{ansible_host: 127.0.0.1, tfcluster_port_base: {port}}}
@@ -40,8 +30,7 @@ def inventory_text(workdir):
     spare:
       hosts:
         s1: {{ansible_host: 127.0.0.3, tfcluster_port_base: {port3}}}
-""".format(repo=REPO, python=sys.executable, workdir=workdir, port=base, port2=base + 4,
-           port3=base + 8)
+""".format(port=base, port2=base + 4, port3=base + 8)
 
 
 @pytest.fixture
@@ -53,14 +42,6 @@ def machines(tmp_path):
     assert not leftovers, "processes of the test were still running: %s" % leftovers
 
 
-def metrics(runs_dir, run_id):
-    path = os.path.join(runs_dir, run_id, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
     inventory, runs_dir = machines
     launcher = subprocess.Popen(
@@ -70,7 +51,7 @@ def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def trained_past_a_checkpoint():
-            steps = [p["step"] for p in metrics(runs_dir, "moved") if p["task"] == "worker:1"]
+            steps = [p["step"] for p in metrics_points(runs_dir, "moved") if p["task"] == "worker:1"]
             return steps and max(steps) >= 70
         wait_for(trained_past_a_checkpoint, 300, "worker:1 to train past step 70")
         record = run_record(runs_dir, "moved")
@@ -90,12 +71,12 @@ def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
     results = record["results"]
     starts = {r["start_step"] for r in results.values()}
     assert len(starts) == 1 and {r["global_step"] for r in results.values()} == {300}, results
-    redone = last_step_before_restart(metrics(runs_dir, "moved"), "worker:0") - starts.pop()
+    redone = last_step_before_restart(metrics_points(runs_dir, "moved"), "worker:0") - starts.pop()
     assert 0 <= redone <= 50, (redone, results)
-    # Training goes on on the spare within 45 s of the loss.
-    on_spare = [p["time"] for p in metrics(runs_dir, "moved")
-                if p["task"] == "worker:1" and p["time"] > cut_at]
-    assert on_spare and min(on_spare) - cut_at <= 45, (min(on_spare or [0]) - cut_at)
+    # Training goes on on the spare. How soon (45 s on the test hosts, test_spares_hosts.py) is
+    # measured by scripts/bench --only recovery: here three workers share this machine's cores.
+    assert any(p["task"] == "worker:1" and p["time"] > cut_at
+               for p in metrics_points(runs_dir, "moved"))
     assert len({r["param_checksum"] for r in results.values()}) == 1
     # The same steps, uninterrupted: the same accuracy within 0.02.
     tfcluster("launch", "multi_worker_mirrored", "-i", inventory, "--plain", "--run-id",

@@ -13,8 +13,8 @@ from support.ports import free_port_block, port_free
 from support.procs import pid_alive, wait_for
 
 
-def local_inventory_text(workdir, port_base=None, ps=2, workers=3, chief=1, extra=""):
-    """An inventory like inventory/local.yml, with its own work folder and ports."""
+def local_vars_text(workdir):
+    """The start of a local inventory: its vars, the checkout's code, WORKDIR its work folder."""
     return """all:
   vars:
     ansible_connection: local
@@ -23,7 +23,12 @@ def local_inventory_text(workdir, port_base=None, ps=2, workers=3, chief=1, extr
     tfcluster_python: {python}
     tfcluster_workdir: {workdir}
     tfcluster_data_dir: {workdir}/data
-    tfcluster_port_base: {port_base}
+""".format(repo=REPO, python=sys.executable, workdir=workdir)
+
+
+def local_inventory_text(workdir, port_base=None, ps=2, workers=3, chief=1, extra=""):
+    """An inventory like inventory/local.yml, with its own work folder and ports."""
+    return local_vars_text(workdir) + """    tfcluster_port_base: {port_base}
 {extra}  children:
     chief:
       hosts:
@@ -32,7 +37,7 @@ def local_inventory_text(workdir, port_base=None, ps=2, workers=3, chief=1, extr
 {worker_hosts}    ps:
       hosts:
 {ps_hosts}""".format(
-        repo=REPO, python=sys.executable, workdir=workdir, extra=extra,
+        extra=extra,
         port_base=port_base if port_base is not None else free_port_block(),
         chief_hosts="".join("        chief%d: {ansible_host: localhost}\n" % i for i in range(chief)),
         worker_hosts="".join("        worker%d: {ansible_host: localhost}\n" % i
@@ -52,6 +57,15 @@ def tfcluster(*args, runs_dir=None, timeout=600, check=None, env=None):
         raise AssertionError("tfcluster %s exited %d, expected %d\nstdout:\n%s\nstderr:\n%s" % (
             " ".join(args), proc.returncode, check, proc.stdout[-6000:], proc.stderr[-3000:]))
     return proc
+
+
+def metrics_points(runs_dir, run_id):
+    """The metrics points of run RUN_ID (metrics.jsonl), [] before the first."""
+    path = os.path.join(runs_dir, run_id, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
 
 
 def run_record(runs_dir, run_id=None):
