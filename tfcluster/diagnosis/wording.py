@@ -266,6 +266,20 @@ def hint(text):
 
 # ------------------------------------------------------------ lost machines and spares
 
+def never_listened(labels, seconds):
+    """The run's failure: the ps tasks LABELS did not listen within --start-timeout."""
+    return "%s not listening after %gs (raise --start-timeout)" % (", ".join(labels), seconds)
+
+
+def timed_out(seconds):
+    return "the run exceeded --timeout %gs" % seconds
+
+
+def interrupted(reason):
+    """The run's end when REASON (a signal's name, `tfcluster stop`, ...) stopped it."""
+    return "interrupted by %s" % reason
+
+
 def machine_silent(labels, seconds):
     """Why machines LABELS are lost: their agents said nothing for SECONDS."""
     return "lost contact with %s for %gs: its agent stopped answering" % (

@@ -484,9 +484,9 @@ class Launch:
                 return RunFailed.of(monitor.diagnosis.failed(failed.task)), []
             waiting = [t for t in ps_tasks if t.label not in monitor.listening]
             if waiting and time.monotonic() > self.ps_deadline:
-                return RunFailed("%s not listening after %gs (raise --start-timeout)" % (
-                    ", ".join(t.label for t in waiting), options.start_timeout),
-                    task=waiting[0]), []
+                return RunFailed(wording.never_listened([t.label for t in waiting],
+                                                        options.start_timeout),
+                                 task=waiting[0]), []
             if policy_met_at is None and policy_met(cluster, monitor.states,
                                                     options.example.success):
                 policy_met_at = time.monotonic()
@@ -501,10 +501,10 @@ class Launch:
                                           self._finish_grace()))
                     return None, []
             if deadline and time.monotonic() > deadline:
-                return RunTimedOut("the run exceeded --timeout %gs" % options.timeout,
+                return RunTimedOut(wording.timed_out(options.timeout),
                                    cause=monitor.diagnosis.still_stalled()), []
             if self.stop_event.is_set():
-                return RunInterrupted("interrupted by %s" % self.stop_reason,
+                return RunInterrupted(wording.interrupted(self.stop_reason),
                                       cause=monitor.diagnosis.still_stalled()), []
 
 
