@@ -82,3 +82,18 @@ def test_cli_spec_json_and_errors(capsys, monkeypatch):
     proc = tfcluster("spec", "--cluster-spec", "worker|", "--format", "json", check=2)
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "no tasks" in proc.stderr
+
+
+def test_a_move_restarts_every_task_of_synchronous_training():
+    """move: job, or the flags that make a trainer synchronous (sync_when, read by its own
+    parser): a step waits for every worker, so every task restarts from the checkpoint."""
+    from tfcluster.spec.catalog import load_catalog, moves_whole
+    examples = load_catalog()
+    assert not moves_whole(examples["mnist_replica"])
+    assert moves_whole(examples["mnist_replica"], ["--sync_replicas"])
+    assert moves_whole(examples["cifar10"], smoke=True)  # --mode=sync, its default
+    assert not moves_whole(examples["cifar10"], ["--mode=async"], smoke=True)
+    assert moves_whole(examples["cifar10_multi_ps"], ["--mode", "sync"])
+    assert not moves_whole(examples["mnist_async"], ["--sync_replicas"])
+    for name in ("data_parallel", "multi_worker_mirrored", "ps_strategy"):
+        assert moves_whole(examples[name]), name

@@ -27,7 +27,7 @@ from tfcluster.runs import provenance
 from tfcluster.runs.record import (RECORDED_FACTS, MachineRecord, MoveEntry, RunState,
                                    TaskRecord)
 from tfcluster.diagnosis import wording
-from tfcluster.spec.catalog import code_root
+from tfcluster.spec.catalog import code_root, moves_whole
 from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import TRAINING_JOBS, Cluster
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
@@ -360,8 +360,8 @@ class Launch:
             if link is not None:
                 link.detaching = True  # no more pings: its lease ends what still runs there
         moved = [t for t in cluster.tasks if any(t.label in labels for _, _, labels in moves)]
-        whole = self.options.example.move == "job" or any(t.job in ("chief", "ps")
-                                                          for t in moved)
+        whole = moves_whole(self.options.example, self.options.user_args, self.options.smoke) \
+            or any(t.job in ("chief", "ps") for t in moved)
         # A machine lost by its failures still answers: what runs there stops first.
         silent = self._silent(machines)
         reachable = Cluster([t for t in before.tasks if t.label in {m.label for m in moved}

@@ -45,6 +45,9 @@ class Example:
     # alone, or every task from the last checkpoint ("job": programs whose peers keep the old
     # addresses, like ParameterServerStrategy's ClusterCoordinator, or cannot rejoin).
     move: str = "task"
+    # The trainer's flags that make it synchronous ((dest, value) pairs, as its parser reads
+    # them): a move then restarts every task too, since a synchronous step waits for every worker.
+    sync_when: tuple = ()
     # The data set its `args` read from disk; preflight checks its files on every machine.
     dataset: str = ""
     # Groups it can also take tasks from, beyond its topology's (count flags: `--chief 1`).
@@ -63,6 +66,7 @@ def load_catalog(path=None):
     catalog = {}
     for name, entry in entries.items():
         entry["can_use"] = tuple(entry.get("can_use", ()))
+        entry["sync_when"] = tuple(sorted((entry.get("sync_when") or {}).items()))
         example = Example(name=name, **entry)
         if example.success not in POLICIES:
             raise ValueError("catalog %s: %s has success %r, expected one of %s"
@@ -136,6 +140,23 @@ def task_command(example, cluster, task, run_dir, checkpoint_dir, user_args=(), 
     if example.name != "custom" and user_args:
         command += " " + shlex.join(user_args)
     return command
+
+
+def moves_whole(example, user_args=(), smoke=False):
+    """True when moving a lost machine's tasks restarts every task from the checkpoint: the
+    example says so (move: job), or its flags, with USER_ARGS after them, make it synchronous
+    (sync_when; read by the trainer's own parser, which imports no TensorFlow)."""
+    if example.move == "job":
+        return True
+    found = TRAINER_MODULE.search(example.command)
+    if not example.sync_when or not found:
+        return False
+    import importlib
+    parser = importlib.import_module(found.group(1)).build_parser()
+    given = shlex.split((example.smoke if smoke else example.args) or "") + list(user_args)
+    parsed, _ = parser.parse_known_args(given)
+    return all(str(getattr(parsed, dest, None)).lower() == str(value).lower()
+               for dest, value in example.sync_when)
 
 
 def check_templates(example, cluster):
