@@ -131,6 +131,10 @@ def test_drain_host_gives_the_notice_then_moves_its_tasks_to_the_spare(machines)
         record = run_record(runs_dir, "drained")
         assert record["moves"][0]["why"] == "drained by tfcluster drain 127.0.0.2"
         assert record["tasks"]["worker:1"]["address"].startswith("127.0.0.3:")
+        # The only spare is taken: a second drain is refused at once, naming why.
+        again = tfcluster("drain", "127.0.0.1", runs_dir=runs_dir, timeout=60)
+        assert again.returncode == 1 and "127.0.0.1 not drained: no spare left" in again.stderr, \
+            again.stdout + again.stderr
         tfcluster("stop", "drained", runs_dir=runs_dir, check=0)
         out, _ = launcher.communicate(timeout=120)
     finally:

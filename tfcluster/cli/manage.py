@@ -17,8 +17,8 @@ from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.view.plot import write_run_svg
 from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import Cluster, Task
-from tfcluster.launch.teardown import (DRAIN_HOST_SIGNAL, DRAIN_HOSTS_FILE, Drain, finish,
-                                       launcher_following, stop_tasks)
+from tfcluster.launch.teardown import (DRAIN_HOST_SIGNAL, DRAIN_HOSTS_FILE, DRAIN_REFUSED_FILE,
+                                       Drain, finish, launcher_following, stop_tasks)
 from tfcluster_agent import protocol as P
 
 WAKE_SECONDS = 0.25
@@ -218,6 +218,9 @@ def drain_host(record, host, reporter, timeout=600):
     import json
     import time
     moves = len(record.moves)
+    answer = os.path.join(record.dir, DRAIN_REFUSED_FILE)
+    if os.path.exists(answer):
+        os.remove(answer)  # an earlier drain's
     runs.write_private(os.path.join(record.dir, DRAIN_HOSTS_FILE), json.dumps([host]))
     os.kill(record.launcher["pid"], DRAIN_HOST_SIGNAL)
     reporter.note("run %s: its launcher (pid %d) drains %s and moves its tasks to a spare"
@@ -230,6 +233,11 @@ def drain_host(record, host, reporter, timeout=600):
             reporter.note("run %s: moved %s from %s to %s" % (
                 record.id, ", ".join(move.tasks), move.lost, move.spare))
             return 0
+        if os.path.exists(answer):
+            with open(answer) as handle:
+                why = json.load(handle)
+            raise RunFailed("run %s: %s not drained: %s" % (
+                record.id, host, "; ".join(why.values()) or "refused"))
         if not record.active:
             raise RunFailed("run %s ended (%s) before %s was drained" % (record.id, record.state,
                                                                        host))

@@ -32,8 +32,8 @@ from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import TRAINING_JOBS, Cluster
 from tfcluster.launch.taskenv import data_needs, task_specs, thread_plan
 from tfcluster.runs.store import host_run_dir, write_task_records
-from tfcluster.launch.teardown import (DRAIN_HOST_SIGNAL, DRAIN_HOSTS_FILE, STOP_SIGNALS, Drain,
-                                       finish, silence_terminal, stop_tasks)
+from tfcluster.launch.teardown import (DRAIN_HOST_SIGNAL, DRAIN_HOSTS_FILE, DRAIN_REFUSED_FILE,
+                                       STOP_SIGNALS, Drain, finish, silence_terminal, stop_tasks)
 from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import boot_id, start_time
 from tfcluster_agent.values import field, replace, value_class
@@ -332,16 +332,21 @@ class Launch:
         """Move the tasks of the hosts `tfcluster drain HOST` named to spares, after the
         termination notice; a host that runs no task of the run, or no spare left, is said."""
         asked, self.drain_hosts = self.drain_hosts, []
+        refused = {}
         for label in asked:
             machine = next((m for m, _ in self.cluster.machines()
                             if label in (m.label, m.address)), None)
             if machine is None:
-                self.reporter.note("drain %s: no task of this run runs there" % label)
+                refused[label] = "no task of this run runs there"
             elif not self._move([machine], "drained by tfcluster drain %s" % label,
                                 drain=Drain(self.options.drain_grace, "tfcluster drain %s"
                                             % label)):
-                self.reporter.note("drain %s: no spare left to take its tasks; they go on "
-                                   "there" % label)
+                refused[label] = "no spare left to take its tasks; they go on there"
+        for label, why in refused.items():
+            self.reporter.note("drain %s: %s" % (label, why))
+        if refused:  # `tfcluster drain HOST` waits for the move or this answer
+            runs.write_private(os.path.join(self.record.dir, DRAIN_REFUSED_FILE),
+                               json.dumps(refused))
 
     def _move(self, machines, why, drain=None):
         """Move the tasks of lost MACHINES to spares and start them there (every task again,

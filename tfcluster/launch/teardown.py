@@ -20,6 +20,8 @@ COLLECTED_FOLDERS = ("tensorboard",)
 # launcher this signal: it moves their tasks to spares after the termination notice.
 DRAIN_HOSTS_FILE = "drain-hosts.json"
 DRAIN_HOST_SIGNAL = signal.SIGUSR1
+# What the launcher answers a drain it cannot do: {host: why} (the command waits for it).
+DRAIN_REFUSED_FILE = "drain-refused.json"
 
 
 def stop_tasks(hosts, cluster, grace, skip=(), drain=None):
