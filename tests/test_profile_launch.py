@@ -93,13 +93,30 @@ def rate(points, start, end):
 
 
 def launch_and_profile(tmp_path, example, counts, profile_at, run_id):
+    """A launch of EXAMPLE with --profile-at PROFILE_AT, once that trace came back with every
+    task's step events: (launcher, runs dir, run record, the xplane reader)."""
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(local_inventory_text(str(tmp_path / "work"), **counts))
     runs_dir = str(tmp_path / "runs")
     launcher = Launcher(runs_dir, example, "-i", str(inventory), "--smoke", "--run-id", run_id,
                         "--profile-at", str(profile_at), "--",
                         "--train_steps=10000000", "--log_every=20")
-    return launcher, runs_dir
+    try:
+        launcher.when(r"tfcluster: profile of %d task\(s\) in " % sum(counts.values()), 300)
+        record = run_record(runs_dir, run_id)
+        xplane = xplane_module()
+        assert_every_task_traced(record, launcher.text(), xplane)
+    except BaseException:
+        launcher.kill()
+        raise
+    return launcher, runs_dir, record, xplane
+
+
+def still_trains_then_ends(launcher, label):
+    """LABEL reports new steps after what came before; then SIGTERM ends the run."""
+    launcher.when(r"\[%s .*\] step \d+" % label, 60, after=time.monotonic())
+    launcher.proc.send_signal(signal.SIGTERM)
+    launcher.finish(120)
 
 
 def profile_and_measure(launcher, runs_dir, run_id, record, label, count, xplane):
@@ -143,19 +160,12 @@ def assert_every_task_traced(record, output, xplane):
 
 @pytest.mark.timeout(900)
 def test_profile_a_tf1_replica_run_ten_times_and_measure_its_rate(tmp_path):
-    launcher, runs_dir = launch_and_profile(tmp_path, "mnist_replica",
-                                            dict(ps=1, workers=2, chief=0), 200, "tf1")
-    xplane = xplane_module()
+    launcher, runs_dir, record, xplane = launch_and_profile(
+        tmp_path, "mnist_replica", dict(ps=1, workers=2, chief=0), 200, "tf1")
     try:
-        launcher.when(r"tfcluster: profile of 3 task\(s\) in ", 300)  # --profile-at 200
-        record = run_record(runs_dir, "tf1")
-        assert_every_task_traced(record, launcher.text(), xplane)
         rates = profile_and_measure(launcher, runs_dir, "tf1", record, "worker:0", PROFILES,
                                     xplane)
-        # Ten traces and the run still trains: worker:0 reports new steps after the last.
-        launcher.when(r"\[worker:0 .*\] step \d+", 60, after=time.monotonic())
-        launcher.proc.send_signal(signal.SIGTERM)
-        launcher.finish(120)
+        still_trains_then_ends(launcher, "worker:0")  # ten traces, and it still trains
     finally:
         launcher.kill()
     assert_run_clean(run_record(runs_dir, "tf1"))
@@ -166,21 +176,15 @@ def test_profile_a_tf1_replica_run_ten_times_and_measure_its_rate(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_profile_a_parameter_server_strategy_run(tmp_path):
-    launcher, runs_dir = launch_and_profile(tmp_path, "ps_strategy",
-                                            dict(ps=2, workers=2, chief=1), 200, "pss")
-    xplane = xplane_module()
+    launcher, runs_dir, record, xplane = launch_and_profile(
+        tmp_path, "ps_strategy", dict(ps=2, workers=2, chief=1), 200, "pss")
     try:
-        launcher.when(r"tfcluster: profile of 5 task\(s\) in ", 300)
-        record = run_record(runs_dir, "pss")
-        assert_every_task_traced(record, launcher.text(), xplane)
         done = tfcluster("profile", "pss", "--duration", "1", "--tasks", "chief:0,ps:1",
                          runs_dir=runs_dir, timeout=120)
         assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
         assert sorted(traces_of(done.stdout + done.stderr)) == ["chief:0", "ps:1"]
         rates = profile_and_measure(launcher, runs_dir, "pss", record, "chief:0", 5, xplane)
-        launcher.when(r"\[chief:0 .*\] step \d+", 60, after=time.monotonic())
-        launcher.proc.send_signal(signal.SIGTERM)
-        launcher.finish(120)
+        still_trains_then_ends(launcher, "chief:0")
     finally:
         launcher.kill()
     assert_run_clean(run_record(runs_dir, "pss"))
@@ -191,11 +195,9 @@ def test_profile_a_parameter_server_strategy_run(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_profile_at_a_step_of_a_multi_worker_mirrored_run(tmp_path):
-    launcher, runs_dir = launch_and_profile(tmp_path, "multi_worker_mirrored",
-                                            dict(ps=0, workers=2, chief=0), 40, "mwms")
+    launcher, runs_dir, _, _ = launch_and_profile(
+        tmp_path, "multi_worker_mirrored", dict(ps=0, workers=2, chief=0), 40, "mwms")
     try:
-        launcher.when(r"tfcluster: profile of 2 task\(s\) in ", 300)
-        assert_every_task_traced(run_record(runs_dir, "mwms"), launcher.text(), xplane_module())
         launcher.proc.send_signal(signal.SIGTERM)
         launcher.finish(120)
     finally:
