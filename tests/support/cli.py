@@ -187,7 +187,8 @@ class Launcher:
         def seen():
             return next((t for t, line in list(self.lines)
                          if t >= after and re.search(pattern, line)), None)
-        return wait_for(seen, timeout, "a line matching %r; got:\n%s" % (pattern, self.text()))
+        return wait_for(seen, timeout,
+                        lambda: "a line matching %r; got:\n%s" % (pattern, self.text()))
 
     def text(self):
         return "\n".join(line for _, line in self.lines)

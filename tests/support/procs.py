@@ -46,13 +46,16 @@ def pid_alive(pid):
 
 
 def wait_for(condition, timeout, what, interval=0.1):
+    """CONDITION's first true value within TIMEOUT s. WHAT says what was awaited: a string, or a
+    function that says it when the wait failed (with what came in the meantime)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+    raise AssertionError("timed out after %ss waiting for %s"
+                         % (timeout, what() if callable(what) else what))
 
 
 def processes_of_run(run_id):
