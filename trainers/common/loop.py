@@ -274,8 +274,9 @@ def train_replica(info, sess, saver, args, model, dataset, target, feed=None, ev
         loss, step = train_step(sess, progress, fetches, feed(next(batches)), info.device,
                                 retry=True)
         if "step_after" not in model:
-            # A fresh read: the step fetched with train_op may predate this update (#11753).
-            step = sess.run(model["global_step"])
+            # A fresh read: the step fetched with train_op may predate this update (#11753);
+            # it too may meet a refused resend.
+            step = run_step(sess, model["global_step"], None)
         progress.tick(step, loss)
         every = getattr(args, "save_every_steps", 0)
         if info.is_chief and every and progress.local_steps % every == 0:
