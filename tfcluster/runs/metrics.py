@@ -8,6 +8,7 @@ import os
 import threading
 import time
 
+from tfcluster.spec.cluster import TRAINING_JOBS
 from tfcluster_agent.protocol import parse_line
 
 FILE = "metrics.jsonl"
@@ -141,3 +142,18 @@ def efficiency_message(cluster_examples_per_s, single_examples_per_s, cores_used
         lines.append("warning: efficiency below 0.5, communication dominates: fewer, larger "
                      "tasks or a bigger batch per step may train faster")
     return lines
+
+
+def efficiency_lines(base, main):
+    """The cluster's examples/s against the single task's, per core used."""
+    def training(record):
+        return [(label, entry) for label, entry in record.tasks.items()
+                if entry.job in TRAINING_JOBS]
+
+    def throughput(record):
+        return sum((record.results.get(label) or {}).get("examples_per_s") or 0
+                   for label, _ in training(record))
+
+    cores = sum(e.intra_op_threads for _, e in training(main)) / max(
+        1, sum(e.intra_op_threads for _, e in training(base)))
+    return efficiency_message(throughput(main), throughput(base), cores)
