@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from support import REPO
-from support.cli import run_cli, run_record
+from support.cli import local_inventory_text, run_cli, run_record, tfcluster
 from support.fakehosts import FakeLink, cluster_of, run
 from support.procs import wait_for
 from tfcluster.errors import UsageError
@@ -155,6 +155,51 @@ def test_profile_refuses_bad_input_in_one_line(tmp_path, capsys, monkeypatch, ar
     assert run_record(str(tmp_path / "runs"), "r")["state"] == "succeeded"
     code, _, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), *args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_run_that_trains_with_collectives_is_traced_only_when_asked_knowingly(
+        tmp_path, capsys, monkeypatch):
+    """TensorFlow's profiler can crash a task of an all-reduce run when a trace ends
+    (docs/profile.md): --profile-at refuses before anything starts, `tfcluster profile` before
+    any host is asked; the flag that says 'knowingly' lets both through."""
+    workers_only, with_ps = cluster_of(ps=0, workers=2), cluster_of(ps=1, workers=2)
+    assert profiling.trains_with_collectives(workers_only)
+    assert not profiling.trains_with_collectives(with_ps)
+    assert not profiling.trains_with_collectives(cluster_of(ps=0, workers=1))
+    with pytest.raises(UsageError, match="add --profile-unsafe to trace it anyway"):
+        run(tmp_path, workers_only, {}, profile_at=5)
+    assert not (tmp_path / "runs" / "r").exists()
+    monkeypatch.setattr(profiling.ProfileAt, "_take", lambda self: None)
+    run(tmp_path, workers_only, {"worker-0": [0], "worker-1": [0]}, profile_at=5,
+        profile_unsafe=True)
+    record = run_record(str(tmp_path / "runs"), "r")
+    assert record["state"] == "succeeded"
+    record["state"] = "running"  # as while it trains
+    (tmp_path / "runs" / "r" / "run.json").write_text(json.dumps(record))
+    asked = []
+    monkeypatch.setattr(profiling, "take_profile",
+                        lambda *a: asked.append(a) or profiling.Profile("f"))
+    code, _, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), "profile", "r")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "run r trains with collective ops (2 workers, no ps)" in err and "--unsafe" in err
+    assert asked == []
+    code, _, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), "profile", "r",
+                           "--unsafe")
+    assert len(asked) == 1 and "collective" not in err
+
+
+def test_a_multi_worker_mirrored_launch_with_profile_at_is_refused_before_it_starts(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(local_inventory_text(str(tmp_path / "work"), ps=0, workers=2))
+    runs_dir = tmp_path / "runs"
+    done = tfcluster("launch", "multi_worker_mirrored", "-i", str(inventory), "--smoke",
+                     "--run-id", "m", "--profile-at", "40", runs_dir=str(runs_dir), timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "tfcluster: error: run m trains with collective ops (2 workers, no ps): TensorFlow's "
+        "profiler can crash such a task when its trace ends (docs/profile.md); add "
+        "--profile-unsafe to trace it anyway"]
+    assert not (runs_dir / "m").exists() and not (tmp_path / "work").exists()
 
 
 def test_profile_at_starts_one_trace_at_its_step(monkeypatch):

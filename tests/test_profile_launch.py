@@ -1,6 +1,5 @@
 """tfcluster profile on real runs: a 1 ps + 2 worker mnist_replica run (TF1 sessions), a
-ParameterServerStrategy run (ClusterCoordinator loop) and a MultiWorkerMirroredStrategy run on
-this machine, and the mnist_replica run on the test hosts (root), are traced: every task's trace
+ParameterServerStrategy run (ClusterCoordinator loop) on this machine, and the mnist_replica run on the test hosts (root), are traced: every task's trace
 holds its step events, --profile-at takes one trace by itself, ten profiles in a row leave the
 run training, and the step rate during a trace is measured against the rate before it."""
 import collections
@@ -191,18 +190,6 @@ def test_profile_a_parameter_server_strategy_run(tmp_path):
     # Measured, not held to the 10% target: five tasks on this machine's two cores lost more
     # (benchmarks/RESULTS.md).
     rate_drop("ps_strategy", rates)
-
-
-@pytest.mark.timeout(600)
-def test_profile_at_a_step_of_a_multi_worker_mirrored_run(tmp_path):
-    launcher, runs_dir, _, _ = launch_and_profile(
-        tmp_path, "multi_worker_mirrored", dict(ps=0, workers=2, chief=0), 40, "mwms")
-    try:
-        launcher.proc.send_signal(signal.SIGTERM)
-        launcher.finish(120)
-    finally:
-        launcher.kill()
-    assert_run_clean(run_record(runs_dir, "mwms"))
 
 
 @pytest.mark.root

@@ -156,6 +156,9 @@ def build_parser(only=None):
     launch.add_argument("--profile-at", type=step, metavar="STEP",
                         help="once a task reports step STEP, trace every task with TensorFlow's "
                              "profiler (as `tfcluster profile`) into the run's profile/ folder")
+    launch.add_argument("--profile-unsafe", action="store_true",
+                        help="--profile-at a run that trains with collectives too, though "
+                             "TensorFlow's profiler can crash its tasks (docs/profile.md)")
     p = sub.add_parser("stacks", help="every Python thread's stack of every task of a run")
     p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
     p = sub.add_parser("profile", help="trace every task of a running run at once with "
@@ -164,6 +167,9 @@ def build_parser(only=None):
     p.add_argument("--duration", type=seconds, default=2.0, metavar="S",
                    help="seconds to trace (default 2)")
     p.add_argument("--tasks", metavar="JOB:I,...", help="only these tasks, e.g. worker:0,ps:0")
+    p.add_argument("--unsafe", action="store_true",
+                   help="trace a run that trains with collectives too, though TensorFlow's "
+                        "profiler can crash its tasks (docs/profile.md)")
 
     p = sub.add_parser("plot", help="draw loss and examples/s of runs into one SVG")
     p.add_argument("runs", nargs="+", metavar="RUN", type=run_id, help="run ids, overlaid")

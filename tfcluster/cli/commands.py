@@ -96,6 +96,7 @@ def launch_planned(args, example, counts, extra_env, user_args, planned):
         baseline=args.baseline, wait=args.wait, share_busy_gpus=args.share_busy_gpus,
         stall_after=args.stall_after, on_stall=args.on_stall or "report",
         straggler_after=args.straggler_after, profile_at=args.profile_at,
+        profile_unsafe=args.profile_unsafe,
         command_line=tuple(getattr(args, "command_line", None)
                            or ["tfcluster"] + provenance.hidden_argv(args.argv)),
         rerun_of=getattr(args, "rerun_of", None))
@@ -236,7 +237,7 @@ def cmd_stacks(args):
 
 
 def cmd_profile(args):
-    return manage.profile(args.runs_dir, args.run, args.duration, args.tasks)
+    return manage.profile(args.runs_dir, args.run, args.duration, args.tasks, unsafe=args.unsafe)
 
 
 # The commands that read an inventory or start agents: tfcluster_agent/cachedir.py.

@@ -312,7 +312,7 @@ def stacks(runs_dir, run_id=None, reporter=None):
 
 
 def profile(runs_dir, run_id=None, duration=profiling.DEFAULT_DURATION, only=None,
-            reporter=None):
+            reporter=None, unsafe=False):
     """`tfcluster profile`: one trace of every task of a running run, in its profile/ folder."""
     reporter = reporter or PlainReporter()
     profiling.check_duration(duration)
@@ -322,6 +322,8 @@ def profile(runs_dir, run_id=None, duration=profiling.DEFAULT_DURATION, only=Non
     if not record.active:
         raise UsageError("run %s has ended (%s): only a running run can be profiled; "
                          "`tfcluster runs` lists the runs" % (record.id, record.state))
+    if not unsafe:
+        profiling.refuse_collectives(cluster, record.id, "--unsafe")
     with Hosts(list({t.machine.key: t.machine for t in tasks}.values())) as hosts:
         taken = profiling.take_profile(hosts, tasks, record.id, record.dir, duration)
     profiling.report_profile(reporter, taken, tasks)

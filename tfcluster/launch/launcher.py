@@ -19,7 +19,7 @@ from tfcluster.runs.metrics import MetricsStore, efficiency_lines
 from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.launch.recovery import Recovery
 from tfcluster.launch.plan import launch_counts, make_cluster
-from tfcluster.launch.profiling import ProfileAt
+from tfcluster.launch.profiling import ProfileAt, refuse_collectives
 from tfcluster.view.plot import write_run_svg
 from tfcluster.launch.preflight import (check_checkpoint_folder, check_spares,
                                         controller_code_hash, preflight, print_preflight)
@@ -70,6 +70,7 @@ class LaunchOptions:
     on_stall: str = "report"       # or "stop": a stall's cause fails the run
     straggler_after: float = 30.0  # seconds under half the peers' median rate: a straggler
     profile_at: int | None = None  # one trace of every task once a task reports this step
+    profile_unsafe: bool = False   # --profile-at a run that trains with collectives all the same
     command_line: tuple = ()       # the CLI's, --env values hidden (provenance.hidden_argv)
     rerun_of: str | None = None    # `tfcluster rerun`: the run launched again
 
@@ -81,6 +82,8 @@ class Launch(Recovery):
         self.inventory = inventory
         self.reporter = reporter or PlainReporter()
         self.run_id = options.run_id or runs.new_run_id(options.example.name)
+        if options.profile_at is not None and not options.profile_unsafe:
+            refuse_collectives(cluster, self.run_id, "--profile-unsafe")  # before anything
         self.record = runs.create(options.runs_dir, runs.check_run_id(self.run_id))
         # Spares get no task at the start; the rebuilt clusters of gpus/ and sharing keep theirs.
         self.spares = list(cluster.spares)

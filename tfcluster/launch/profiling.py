@@ -41,6 +41,26 @@ def check_duration(seconds):
     return seconds
 
 
+def trains_with_collectives(cluster):
+    """True for several tasks and no ps: the shape of MultiWorkerMirroredStrategy, whose
+    all-reduces TensorFlow's profiler can crash (refuse_collectives)."""
+    jobs = [t.job for t in cluster.tasks]
+    return len(jobs) > 1 and "ps" not in jobs
+
+
+def refuse_collectives(cluster, run_id, flag):
+    """UsageError for a trace of a run that trains with collectives, unless FLAG was given.
+    When a trace ends, TensorFlow's host tracer merges each collective's start and end events,
+    recorded on two threads, through pointers into buffers it has copied and freed meanwhile
+    (tsl TraceMeRecorder::Consume): the traced task aborts ('free(): invalid pointer') in some
+    of its traces. The tracer cannot be turned off for a remote trace (its options are ignored)."""
+    if trains_with_collectives(cluster):
+        raise UsageError(
+            "run %s trains with collective ops (%d workers, no ps): TensorFlow's profiler can "
+            "crash such a task when its trace ends (docs/profile.md); add %s to trace it anyway"
+            % (run_id, len(cluster.tasks), flag))
+
+
 class Profile:
     """One trace's outcome: FOLDER (in the run record), TRACED {label: file}, and PROBLEMS
     {label: why it has no trace}."""
