@@ -18,7 +18,7 @@ install = $(1) --upgrade pip && $(1) -e '.[test]' --config-settings editable_mod
 # The test hosts (network namespaces, sshd) and containers; only root can install or use them.
 DEBIAN_PACKAGES := iproute2 openssh-server openssh-client python3-venv procps rsync pciutils docker.io debootstrap ruby nftables python3-packaging
 
-.PHONY: setup system-packages demo check test test-docker lint bench wheelhouse collection docs clean
+.PHONY: setup system-packages xprof demo check test test-docker lint bench wheelhouse collection docs clean
 
 setup: $(STAMP)
 
@@ -59,8 +59,22 @@ check: $(STAMP)
 
 # Everything (CI): the fast tier, real launches, learning checks, test hosts and containers as
 # root. The container tests run as a second pytest session beside the others (scripts/testsuite).
-test: setup system-packages
+test: setup system-packages xprof
 	PYTHON=$(BIN)/python scripts/testsuite
+
+# TensorBoard's profile plugin's converter (xprof, the version the viz extra's
+# tensorboard-plugin-profile pins), for the tests that read traces as the plugin shows them:
+# unpacked aside, not installed (the package would bring its web server's dependencies).
+XPROF := 2.24.2
+XPROF_DIR := $(VENV)/xprof-$(XPROF)
+xprof: $(XPROF_DIR)/.unpacked
+
+$(XPROF_DIR)/.unpacked: $(STAMP)
+	rm -rf $(XPROF_DIR) && mkdir -p $(XPROF_DIR)
+	$(BIN)/pip download --quiet --no-deps --dest $(XPROF_DIR) xprof==$(XPROF)
+	$(BIN)/python -m zipfile -e $(XPROF_DIR)/xprof-$(XPROF)-*.whl $(XPROF_DIR)
+	rm -f $(XPROF_DIR)/xprof-$(XPROF)-*.whl
+	touch $@
 
 # Only deploy, launch, stop and teardown on bare Debian containers (root).
 test-docker: setup system-packages

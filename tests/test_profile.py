@@ -242,3 +242,14 @@ def test_a_host_sends_only_the_files_of_a_trace_folder_of_its_run(tmp_path):
                      "eHNwYWNl"}
     with pytest.raises(ValueError, match="is not a trace folder of the run"):
         profiler.read_files(str(tmp_path / "run"), str(tmp_path))
+
+
+def test_the_converter_the_tests_unpack_is_the_plugin_the_viz_extra_pins():
+    """tensorboard-plugin-profile X.Y.Z requires xprof X.Y.Z, whose converter `make xprof`
+    unpacks for the tests that read traces as the plugin shows them."""
+    import re
+    with open(os.path.join(REPO, "Makefile")) as handle:
+        unpacked = re.search(r"^XPROF := (\S+)$", handle.read(), re.M).group(1)
+    with open(os.path.join(REPO, "pyproject.toml")) as handle:
+        pinned = re.search(r'"tensorboard-plugin-profile==([^"]+)"', handle.read()).group(1)
+    assert unpacked == pinned

@@ -1,7 +1,9 @@
-"""tfcluster profile on real runs: a 1 ps + 2 worker mnist_replica run (TF1 sessions), a
-ParameterServerStrategy run (ClusterCoordinator loop) on this machine, and the mnist_replica run on the test hosts (root), are traced: every task's trace
-holds its step events, --profile-at takes one trace by itself, ten profiles in a row leave the
-run training, and the step rate during a trace is measured against the rate before it."""
+"""tfcluster profile on real runs: a 1 ps + 2 worker mnist_replica run (TF1 sessions) and a
+ParameterServerStrategy run (ClusterCoordinator loop) on this machine, and the mnist_replica run
+on the test hosts (root), are traced: every task's trace holds its step events, in the files and
+as TensorBoard's profile plugin shows them; --profile-at takes one trace by itself, ten profiles
+in a row leave the run training, and the step rate during a trace is measured against the rate
+before it."""
 import collections
 import glob
 import importlib.util
@@ -9,10 +11,13 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
+from support import REPO
 from support.cli import assert_run_clean, local_inventory_text, run_record, tfcluster
 from support.cli import Launcher
 
@@ -104,7 +109,7 @@ def launch_and_profile(tmp_path, example, counts, profile_at, run_id):
         launcher.when(r"tfcluster: profile of %d task\(s\) in " % sum(counts.values()), 300)
         record = run_record(runs_dir, run_id)
         xplane = xplane_module()
-        assert_every_task_traced(record, launcher.text(), xplane)
+        assert_the_plugin_shows_steps(assert_every_task_traced(record, launcher.text(), xplane))
     except BaseException:
         launcher.kill()
         raise
@@ -148,6 +153,22 @@ def rate_drop(what, rates):
     return before, during
 
 
+def plugin_step_events(paths):
+    """{path: {step event: count}} of the trace files PATHS as TensorBoard's profile plugin
+    shows them: the Trace Viewer's events, made by the plugin's own converter (xprof, unpacked by
+    `make test`), in a process of its own."""
+    found = glob.glob(os.path.join(REPO, ".venv", "xprof-*", "xprof", "convert",
+                                   "_pywrap_profiler_plugin.py"))
+    assert found, "no xprof converter in .venv: `make xprof` unpacks it (make test does)"
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tests", "programs",
+                                                        "xprof_events.py"), found[0]] + paths,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-3000:]
+    shown = json.loads(done.stdout)
+    return {path: {name: count for name, count in (shown[path] or {}).items()
+                   if name in STEP_EVENTS} for path in paths}
+
+
 def assert_every_task_traced(record, output, xplane):
     """Every task of RECORD has a trace with step events in the profile OUTPUT names."""
     traced = traces_of(output)
@@ -155,6 +176,12 @@ def assert_every_task_traced(record, output, xplane):
     for label, path in traced.items():
         assert sum(step_events(path, xplane).values()) > 0, (label, path)
     return traced
+
+
+def assert_the_plugin_shows_steps(traced):
+    """TRACED: {label: trace file}; the profile plugin shows step events in each."""
+    shown = plugin_step_events(sorted(traced.values()))
+    assert all(shown.values()), shown
 
 
 @pytest.mark.timeout(900)
@@ -209,6 +236,7 @@ def test_profile_a_tf1_replica_run_on_the_test_hosts(testhosts, tmp_path):
         assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
         record = run_record(runs_dir, "hosts")
         traced = assert_every_task_traced(record, done.stdout + done.stderr, xplane_module())
+        assert_the_plugin_shows_steps(traced)
         assert {os.path.basename(path).rsplit("_", 1)[0] for path in traced.values()} == \
             {address for _, address in testhosts.hosts[:3]}
         launcher.proc.send_signal(signal.SIGTERM)
