@@ -11,7 +11,9 @@ import time
 
 import pytest
 
+from support.cli import run_record
 from support.fakehosts import FakeHosts, cluster_of, run
+from support.procs import wait_for
 from tfcluster.spec import catalog
 from tfcluster.errors import PreflightError, RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.hosts.inventory import Machine, Slot
@@ -344,6 +346,42 @@ def test_a_lost_worker_of_async_training_moves_alone(tmp_path):
     assert spare.starts == {"worker-1": 1}
     assert record["moves"][0]["scope"] == "task"
     assert "the other tasks go on" in console
+
+
+def test_a_task_killed_a_moment_before_its_machine_goes_silent_moves_with_the_machine(tmp_path):
+    """A reboot or a power cut: the agent reports its task's SIGKILL, then says nothing more.
+    The machine's loss decides (a move), not the task's failure; a task whose machine goes on
+    answering is a task failure all the same."""
+    cluster = spare_cluster(workers=2, spares=1)
+    example = replace(catalog.custom_example("python train.py", "all_workers"), move="task")
+    hosts = FakeHosts([m for m, _ in cluster.machines()] + cluster.spares,
+                      {"worker-0": [0], "worker-1": [-9]})
+    hosts.links[cluster.spares[0].key].exits = {"worker-1": [0]}
+    dying = next(l for l in hosts.links.values() if l.machine.address == "10.0.1.2")
+    dying.last_heard = time.monotonic()  # its last word is the kill's report
+
+    def silence():
+        wait_for(lambda: dying.starts, 10, "worker-1 to start")
+        time.sleep(0.3)
+        dying.last_heard = 0
+        dying.report = None
+    threading.Thread(target=silence, daemon=True).start()
+    console = io.StringIO()
+    Launch(cluster, LaunchOptions(example=example, runs_dir=str(tmp_path / "runs"), run_id="r",
+                                  lost_contact=0.5, timeout=5),
+           "inventory.yml", PlainReporter(stream=console), hosts=hosts).run()
+    record = json.loads((tmp_path / "runs" / "r" / "run.json").read_text())
+    assert [m["lost"] for m in record["moves"]] == ["10.0.1.2"], console.getvalue()
+    assert record["state"] == "succeeded"
+
+    answering = FakeHosts([m for m, _ in cluster.machines()] + cluster.spares,
+                          {"worker-0": [0], "worker-1": [-9]})
+    with pytest.raises(RunFailed, match="worker:1"):
+        Launch(cluster, LaunchOptions(example=example, runs_dir=str(tmp_path / "runs"),
+                                      run_id="r2", lost_contact=0.5, timeout=5),
+               "inventory.yml", PlainReporter(stream=io.StringIO()), hosts=answering).run()
+    assert "moves" not in run_record(str(tmp_path / "runs"), "r2") or \
+        not run_record(str(tmp_path / "runs"), "r2")["moves"]
 
 
 def test_without_a_spare_the_run_fails_naming_the_lost_machine_in_time(tmp_path):

@@ -93,6 +93,7 @@ class Launch(Recovery):
         self.stop_reason = None
         self.started = False
         self.drain_hosts = []  # labels `tfcluster drain HOST` asked for, not yet moved
+        self.failures_seen = {}  # task label: when the launch first saw it fail
 
     # -- signals: one shutdown event
     def _on_signal(self, signum, frame):
@@ -336,8 +337,9 @@ class Launch(Recovery):
                 return RunFailed(wording.no_spare_left(
                     wording.joined_labels([m.label for m in lost]), why)), lost
             failed = monitor.diagnosis.failure()
-            if failed and self.spares and self._machine_silent():
-                continue  # its peers fail first when a link goes: the loss may decide yet
+            if failed and self.spares and (self._machine_silent()
+                                           or not self._heard_since_failure(failed.task)):
+                continue  # a task fails first when its machine goes: the loss may decide yet
             if failed and self._restart(failed.task, str(failed)):
                 continue
             if failed and options.restarts and self._move([failed.task.machine], (

@@ -61,6 +61,7 @@ class Recovery:
                                                ", ".join(s["name"] for s in specs)))
         self.ps_deadline = time.monotonic() + self.options.start_timeout
         for restarted in tasks:
+            self.failures_seen.pop(restarted.label, None)
             self.monitor.restarting(restarted)
             self.reporter.task_restarted(restarted, count)
 
@@ -137,6 +138,13 @@ class Recovery:
         keys = {m.key for m, _ in self.cluster.machines()}
         return any(link.hello is not None and link.last_heard < limit
                    for key, link in self.hosts.links.items() if key in keys)
+
+    def _heard_since_failure(self, task):
+        """True once TASK's machine has said something after the launch first saw TASK fail:
+        a machine whose link ends a moment after its task was killed (a reboot, a power cut)
+        is a lost machine, whose tasks move, and not a task failure."""
+        seen = self.failures_seen.setdefault(task.label, time.monotonic())
+        return self.hosts.link(task.machine).last_heard > seen
 
     def _silent(self, machines):
         """The keys of MACHINES whose agents do not answer."""
