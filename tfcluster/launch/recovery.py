@@ -82,8 +82,8 @@ class Recovery:
         for label, why in refused.items():
             self.reporter.note("drain %s: %s" % (label, why))
         if refused:  # `tfcluster drain HOST` waits for the move or this answer
-            runs.write_private(os.path.join(self.record.dir, DRAIN_REFUSED_FILE),
-                               json.dumps(refused))
+            runs.replace_private(os.path.join(self.record.dir, DRAIN_REFUSED_FILE),
+                                 json.dumps(refused))  # read while written: whole or none
 
     def _move(self, machines, why, drain=None):
         """Move the tasks of lost MACHINES to spares and start them there (every task again,

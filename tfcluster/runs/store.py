@@ -194,6 +194,12 @@ def write_private(path, data):
         os.close(fd)
 
 
+def replace_private(path, data):
+    """write_private, aside and renamed: a reader finds the whole of DATA or no file."""
+    write_private(path + ".tmp", data)
+    os.replace(path + ".tmp", path)
+
+
 def write_task_records(record_dir, cluster, public_specs):
     """Every task's spec as the run's record keeps it (no env values): RECORD_DIR/NAME.task.json."""
     for task in cluster.tasks:
