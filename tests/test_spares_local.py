@@ -11,7 +11,8 @@ from support import REPO
 from support.cli import local_vars_text, metrics_points, run_record, tfcluster
 from support.ports import free_port_block
 from support.procs import stop_leftovers, wait_for
-from hostlib.lose import last_step_before_restart, lose_local_machine
+from hostlib.lose import lose_local_machine
+from support.moves import assert_fails_naming_the_lost_machine, assert_moved_once
 
 pytestmark = pytest.mark.slow  # real launches, TensorFlow in one
 
@@ -42,6 +43,22 @@ def machines(tmp_path):
     assert not leftovers, "processes of the test were still running: %s" % leftovers
 
 
+def launch_sleepers(inventory, runs_dir, run_id, *args):
+    """A launch (in the background) of a task per worker machine that sleeps 600 s."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd",
+         "sleep 600", "-i", inventory, "--plain", "--run-id", run_id, *args],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def running(runs_dir, run_id):
+    """True once every task of the run has a pid in its record."""
+    try:
+        return all(t.get("pid") for t in run_record(runs_dir, run_id)["tasks"].values())
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
     inventory, runs_dir = machines
     launcher = subprocess.Popen(
@@ -60,19 +77,14 @@ def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
         out, _ = launcher.communicate(timeout=400)
     finally:
         launcher.kill()
-    assert launcher.returncode == 0, out[-4000:]
-    record = run_record(runs_dir, "moved")
-    move, = record["moves"]
-    assert (move["lost"], move["spare"], move["tasks"], move["scope"]) == \
-        ("127.0.0.2", "127.0.0.3", ["worker:1"], "job"), move
+    record, move = assert_moved_once(launcher, out, runs_dir, "moved", "127.0.0.2", "127.0.0.3",
+                                     ["worker:1"])
+    assert move["scope"] == "job", move
     assert move["cluster_before"]["worker"][1].startswith("127.0.0.2:")
     assert record["tasks"]["worker:1"]["address"].startswith("127.0.0.3:")
     assert "moved worker:1 from lost 127.0.0.2 to spare 127.0.0.3" in out
     results = record["results"]
-    starts = {r["start_step"] for r in results.values()}
-    assert len(starts) == 1 and {r["global_step"] for r in results.values()} == {300}, results
-    redone = last_step_before_restart(metrics_points(runs_dir, "moved"), "worker:0") - starts.pop()
-    assert 0 <= redone <= 50, (redone, results)
+    assert {r["global_step"] for r in results.values()} == {300}, results
     # Training goes on on the spare. How soon (45 s on the test hosts, test_spares_hosts.py) is
     # measured by scripts/bench --only recovery: here three workers share this machine's cores.
     assert any(p["task"] == "worker:1" and p["time"] > cut_at
@@ -89,42 +101,23 @@ def test_without_a_spare_a_lost_machine_fails_the_run_naming_it(machines, tmp_pa
     inventory, runs_dir = machines
     text = open(inventory).read().split("    spare:")[0]
     open(inventory, "w").write(text)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd",
-         "sleep 600", "-i", inventory, "--plain", "--run-id", "nospare"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = launch_sleepers(inventory, runs_dir, "nospare")
     try:
-        def running():
-            try:
-                return all(t.get("pid") for t in run_record(runs_dir, "nospare")["tasks"].values())
-            except (OSError, ValueError, KeyError):
-                return False
-        wait_for(running, 120, "the tasks to run")
-        cut_at = time.monotonic()
-        lose_local_machine(run_record(runs_dir, "nospare")["tasks"]["worker:1"]["pid"], launcher.pid)
-        out, _ = launcher.communicate(timeout=120)
-        seconds = time.monotonic() - cut_at
-    finally:
+        wait_for(lambda: running(runs_dir, "nospare"), 120, "the tasks to run")
+    except BaseException:
         launcher.kill()
-    assert launcher.returncode == 1, out[-3000:]
-    assert seconds <= 30, seconds
-    assert "lost machine 127.0.0.2" in out and "no spare machine left" in out
+        raise
+    pid = run_record(runs_dir, "nospare")["tasks"]["worker:1"]["pid"]
+    assert_fails_naming_the_lost_machine(
+        launcher, lambda: lose_local_machine(pid, launcher.pid), "127.0.0.2")
     assert run_record(runs_dir, "nospare")["state"] == "failed"
 
 
 def test_drain_host_gives_the_notice_then_moves_its_tasks_to_the_spare(machines):
     inventory, runs_dir = machines
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch", "--cmd",
-         "sleep 600", "-i", inventory, "--plain", "--run-id", "drained", "--drain-grace", "2"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = launch_sleepers(inventory, runs_dir, "drained", "--drain-grace", "2")
     try:
-        def running():
-            try:
-                return all(t.get("pid") for t in run_record(runs_dir, "drained")["tasks"].values())
-            except (OSError, ValueError, KeyError):
-                return False
-        wait_for(running, 120, "the tasks to run")
+        wait_for(lambda: running(runs_dir, "drained"), 120, "the tasks to run")
         proc = tfcluster("drain", "127.0.0.2", runs_dir=runs_dir, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "moved worker:1 from 127.0.0.2 to 127.0.0.3" in proc.stderr + proc.stdout
