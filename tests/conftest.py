@@ -4,6 +4,12 @@ import sys
 
 import pytest
 
+# pytest keeps the test modules it rewrote for their asserts only where bytecode may be written:
+# with PYTHONDONTWRITEBYTECODE set, each pytest process (and each xdist worker) rewrote all 181
+# of them again (benchmarks/RESULTS.md). This process writes them under tests/; the programs
+# the tests start keep the environment's choice.
+sys.dont_write_bytecode = False
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 sys.path.insert(0, TESTS)
