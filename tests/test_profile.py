@@ -181,7 +181,7 @@ def test_a_run_that_trains_with_collectives_is_traced_only_when_asked_knowingly(
                         lambda *a: asked.append(a) or profiling.Profile("f"))
     code, _, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), "profile", "r")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "run r trains with collective ops (2 workers, no ps)" in err and "--unsafe" in err
+    assert "run r trains with collective ops (2 tasks, no ps)" in err and "--unsafe" in err
     assert asked == []
     code, _, err = run_cli(capsys, "--runs-dir", str(tmp_path / "runs"), "profile", "r",
                            "--unsafe")
@@ -196,7 +196,7 @@ def test_a_multi_worker_mirrored_launch_with_profile_at_is_refused_before_it_sta
                      "--run-id", "m", "--profile-at", "40", runs_dir=str(runs_dir), timeout=60)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "tfcluster: error: run m trains with collective ops (2 workers, no ps): TensorFlow's "
+        "tfcluster: error: run m trains with collective ops (2 tasks, no ps): TensorFlow's "
         "profiler can crash such a task when its trace ends (docs/profile.md); add "
         "--profile-unsafe to trace it anyway"]
     assert not (runs_dir / "m").exists() and not (tmp_path / "work").exists()

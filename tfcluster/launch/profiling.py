@@ -56,7 +56,7 @@ def refuse_collectives(cluster, run_id, flag):
     of its traces. The tracer cannot be turned off for a remote trace (its options are ignored)."""
     if trains_with_collectives(cluster):
         raise UsageError(
-            "run %s trains with collective ops (%d workers, no ps): TensorFlow's profiler can "
+            "run %s trains with collective ops (%d tasks, no ps): TensorFlow's profiler can "
             "crash such a task when its trace ends (docs/profile.md); add %s to trace it anyway"
             % (run_id, len(cluster.tasks), flag))
 
