@@ -215,8 +215,19 @@ def run_blaming_the_ps(tmp_path):
 
 def test_end_order_keeps_each_hosts_times_and_the_controllers_order_across_hosts():
     def task(label, host):
-        return SimpleNamespace(label=label, machine=SimpleNamespace(key=host))
+        return SimpleNamespace(label=label, job=label.split(":")[0],
+                               machine=SimpleNamespace(key=host))
     ps, worker, other = task("ps:0", "a"), task("worker:0", "a"), task("worker:1", "b")
+    # Before the teardown, a ps recorded up to PS_SLACK s after a worker of its host ended first:
+    # its supervisor may have run late, and a ps never ends because of a worker.
+    early = rootcause.EndOrder()
+    early.exited(worker, 100.0)
+    early.exited(ps, 100.0 + rootcause.PS_SLACK - 0.5)
+    assert sorted(["worker:0", "ps:0"], key=early.order) == ["ps:0", "worker:0"]
+    late = rootcause.EndOrder()
+    late.exited(worker, 100.0)
+    late.exited(ps, 100.0 + rootcause.PS_SLACK + 0.5)
+    assert sorted(["worker:0", "ps:0"], key=late.order) == ["worker:0", "ps:0"]
     ends = rootcause.EndOrder()
     ends.exited(other, 50.0)     # another host, its clock far behind: heard first, stays first
     ends.exited(worker, 100.1)

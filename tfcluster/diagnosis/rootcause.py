@@ -19,6 +19,12 @@ from tfcluster.spec.cluster import TRAINING_JOBS
 STOPPED_BY_US = (128 + signal.SIGTERM, 128 + signal.SIGKILL, P.DRAINED_EXIT)
 
 
+# A ps's end time is when its supervisor recorded it, which a loaded host may run a moment late:
+# the workers it took down can be recorded first. A ps never ends because of a worker, so before
+# the teardown its end counts as this much earlier among its host's ends.
+PS_SLACK = 2.0
+
+
 class EndOrder:
     """In which order the tasks ended, and where the teardown began among them: as the
     controller heard them, except that a host's own ends keep the order of their times on that
@@ -34,6 +40,8 @@ class EndOrder:
         """TASK ended, at AT on its host's clock when known."""
         self._forget(task.label)
         place = len(self._ends)
+        if at is not None and task.job == "ps" and self.TEARDOWN not in self._ends:
+            at -= PS_SLACK
         if at is not None:
             place = next((i for i, end in enumerate(self._ends)
                           if end is not self.TEARDOWN and end[1] == task.machine.key

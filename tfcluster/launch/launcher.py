@@ -337,8 +337,9 @@ class Launch(Recovery):
                 return RunFailed(wording.no_spare_left(
                     wording.joined_labels([m.label for m in lost]), why)), lost
             failed = monitor.diagnosis.failure()
-            if failed and self.spares and (self._machine_silent()
-                                           or not self._heard_since_failure(failed.task)):
+            if failed and not self._heard_since_failure(failed.task):
+                continue  # the ends its machine sent with it (a ps's) are heard first
+            if failed and self.spares and self._machine_silent():
                 continue  # a task fails first when its machine goes: the loss may decide yet
             if failed and self._restart(failed.task, str(failed)):
                 continue

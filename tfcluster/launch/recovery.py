@@ -141,8 +141,9 @@ class Recovery:
 
     def _heard_since_failure(self, task):
         """True once TASK's machine has said something after the launch first saw TASK fail:
-        a machine whose link ends a moment after its task was killed (a reboot, a power cut)
-        is a lost machine, whose tasks move, and not a task failure."""
+        the ends that machine found in the same look are heard by then (its ps's, which may
+        be the cause), and a machine whose link ends a moment after its task was killed (a
+        reboot, a power cut) is a lost machine, whose tasks move, and not a task failure."""
         seen = self.failures_seen.setdefault(task.label, time.monotonic())
         return self.hosts.link(task.machine).last_heard > seen
 
