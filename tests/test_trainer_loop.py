@@ -102,8 +102,10 @@ def test_event_files_load_in_tensorflows_reader(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_run_step_takes_a_step_again_only_after_a_refused_resend(capsys):
+def test_run_step_takes_a_step_again_only_after_a_refused_resend(capsys, monkeypatch):
     import tensorflow as tf
+    waits = []
+    monkeypatch.setattr(loop.time, "sleep", waits.append)
 
     class Session:
         def __init__(self, errors):
@@ -120,5 +122,10 @@ def test_run_step_takes_a_step_again_only_after_a_refused_resend(capsys):
     assert "received twice" in capsys.readouterr().out
     with pytest.raises(tf.errors.AbortedError):
         loop.run_step(Session([tf.errors.AbortedError(None, None, "graph handle not found")]), [], {})
-    with pytest.raises(tf.errors.AbortedError):       # at most 3 tries
-        loop.run_step(Session([resent] * 3), [], {})
+    with pytest.raises(tf.errors.AbortedError):       # at most RESEND_ATTEMPTS tries
+        loop.run_step(Session([resent] * loop.RESEND_ATTEMPTS), [], {})
+    assert waits == [loop.RESEND_WAIT] + [loop.RESEND_WAIT * n
+                                          for n in range(1, loop.RESEND_ATTEMPTS)]
+    session = Session([resent] * (loop.RESEND_ATTEMPTS - 1))
+    assert loop.run_step(session, ["loss"], {}) == "done"
+    assert session.calls == loop.RESEND_ATTEMPTS

@@ -221,7 +221,13 @@ class Progress:
         return result
 
 
-def run_step(sess, fetches, feed_dict, attempts=3):
+# A ps slowed down for seconds (traced by the profiler, on a loaded host) can refuse several
+# resends in a row: the tries are spaced out, RESEND_WAIT s more each time (about 9 s in all).
+RESEND_ATTEMPTS = 10
+RESEND_WAIT = 0.2
+
+
+def run_step(sess, fetches, feed_dict, attempts=RESEND_ATTEMPTS):
     """sess.run, taken again when a ps refused gRPC's own resend of this request ("received
     twice"): on a loaded host gRPC resends a slow RunGraph and TensorFlow aborts the copy
     (pytorch/xla#4084). In async training the step is simply taken again."""
@@ -233,6 +239,7 @@ def run_step(sess, fetches, feed_dict, attempts=3):
             if "received twice" not in str(err) or attempt == attempts - 1:
                 raise
             bootstrap.log("a ps refused a resent request (received twice); taking the step again")
+            time.sleep(RESEND_WAIT * (attempt + 1))
 
 
 def train_step(sess, progress, fetches, feed_dict=None, task_device=None, options=None,
