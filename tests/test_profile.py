@@ -200,6 +200,13 @@ def test_a_multi_worker_mirrored_launch_with_profile_at_is_refused_before_it_sta
         "profiler can crash such a task when its trace ends (docs/profile.md); add "
         "--profile-unsafe to trace it anyway"]
     assert not (runs_dir / "m").exists() and not (tmp_path / "work").exists()
+    # With --baseline, before the single task's run too.
+    done = tfcluster("launch", "multi_worker_mirrored", "-i", str(inventory), "--smoke",
+                     "--run-id", "b", "--baseline", "--profile-at", "40",
+                     runs_dir=str(runs_dir), timeout=60)
+    assert done.returncode == 2 and "add --profile-unsafe" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (runs_dir / "b-baseline").exists() and not (tmp_path / "work").exists()
 
 
 def test_profile_at_starts_one_trace_at_its_step(monkeypatch):

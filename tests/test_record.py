@@ -11,7 +11,8 @@ from tfcluster.cli import manage
 from tfcluster.runs import store as runs
 from tfcluster.errors import UsageError
 from tfcluster.hosts.inventory import Machine, Slot
-from tfcluster.launch.launcher import Launch, LaunchOptions
+from tfcluster.launch.launcher import Launch
+from tfcluster.launch.options import LaunchOptions
 from tfcluster.runs.record import (FORMAT_VERSION, RecordError, RunRecord, RunState, TaskState,
                               check_transition)
 from tfcluster.view.report import PlainReporter

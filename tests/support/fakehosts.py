@@ -9,7 +9,8 @@ from support.task_output import IN_COLLECTIVE, WAITING
 from tfcluster.spec import catalog
 from tfcluster.hosts.fanout import Outcomes
 from tfcluster.hosts.inventory import Machine, Slot
-from tfcluster.launch.launcher import Launch, LaunchOptions
+from tfcluster.launch.launcher import Launch
+from tfcluster.launch.options import LaunchOptions
 from tfcluster.launch.monitor import Monitor
 from tfcluster.view.report import PlainReporter
 from tfcluster.spec.cluster import build_cluster

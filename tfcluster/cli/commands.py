@@ -14,6 +14,7 @@ data_fetch = lazy("tfcluster.data.fetch")
 gpu_table = lazy("tfcluster.gpus.table")
 inventory = lazy("tfcluster.hosts.inventory")
 launcher = lazy("tfcluster.launch.launcher")
+launch_options = lazy("tfcluster.launch.options")
 fanout = lazy("tfcluster.hosts.fanout")
 manage = lazy("tfcluster.cli.manage")
 plan = lazy("tfcluster.launch.plan")
@@ -84,7 +85,7 @@ def planned_launch(inventory_path, example, counts, spares=0):
 
 
 def launch_planned(args, example, counts, extra_env, user_args, planned):
-    options = launcher.LaunchOptions(
+    options = launch_options.LaunchOptions(
         example=example, runs_dir=args.runs_dir, run_id=args.run_id, detach=args.detach,
         timeout=args.timeout, user_args=tuple(user_args), smoke=args.smoke, counts=counts,
         intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,

@@ -19,7 +19,7 @@ from tfcluster.runs.metrics import MetricsStore, efficiency_lines
 from tfcluster.launch.monitor import Monitor, policy_met, tracked
 from tfcluster.launch.recovery import Recovery
 from tfcluster.launch.plan import launch_counts, make_cluster
-from tfcluster.launch.profiling import ProfileAt, refuse_collectives
+from tfcluster.launch.profiling import ProfileAt, check_profile_at
 from tfcluster.view.plot import write_run_svg
 from tfcluster.launch.preflight import (check_checkpoint_folder, check_spares,
                                         controller_code_hash, preflight, print_preflight)
@@ -33,46 +33,11 @@ from tfcluster.launch.teardown import (DRAIN_HOST_SIGNAL, DRAIN_HOSTS_FILE, STOP
                                        finish, silence_terminal)
 from tfcluster_agent import protocol as P
 from tfcluster_agent.supervisor import boot_id, start_time
-from tfcluster_agent.values import field, replace, value_class
+from tfcluster_agent.values import replace
 
 DEFAULT_FINISH_GRACE = 30.0
 WAKE_SECONDS = 0.25  # deadlines are checked at least this often; events wake the loop at once
 DRAIN_SIGNALS = ("SIGTERM", "SIGHUP")
-
-
-@value_class(frozen=True)
-class LaunchOptions:
-    example: object
-    runs_dir: str = "runs"
-    run_id: str | None = None
-    detach: bool = False
-    timeout: float | None = None
-    user_args: tuple = ()
-    smoke: bool = False
-    counts: dict = field(default_factory=dict)
-    intra_op_threads: int | None = None
-    inter_op_threads: int | None = None
-    start_timeout: float = 60.0
-    finish_grace: float | None = None
-    stop_grace: float = 10.0
-    drain_grace: float = 30.0     # after the termination notice of SIGTERM or SIGHUP
-    resume: str | None = None
-    lease: float = 60.0
-    lost_contact: float = 20.0
-    restarts: int = 0
-    spares: int | None = 0         # --spares: machines drawn from unused slots (None: all)
-    baseline: bool = False
-    cwd: str | None = None
-    env: dict = field(default_factory=dict)
-    wait: bool = False             # wait for claimed or busy GPUs and ports (gpuqueue)
-    share_busy_gpus: bool = False  # hand out GPUs other processes use, knowingly
-    stall_after: float | None = None  # None: each machine's tfcluster_stall_after; 0: off
-    on_stall: str = "report"       # or "stop": a stall's cause fails the run
-    straggler_after: float = 30.0  # seconds under half the peers' median rate: a straggler
-    profile_at: int | None = None  # one trace of every task once a task reports this step
-    profile_unsafe: bool = False   # --profile-at a run that trains with collectives all the same
-    command_line: tuple = ()       # the CLI's, --env values hidden (provenance.hidden_argv)
-    rerun_of: str | None = None    # `tfcluster rerun`: the run launched again
 
 
 class Launch(Recovery):
@@ -82,8 +47,7 @@ class Launch(Recovery):
         self.inventory = inventory
         self.reporter = reporter or PlainReporter()
         self.run_id = options.run_id or runs.new_run_id(options.example.name)
-        if options.profile_at is not None and not options.profile_unsafe:
-            refuse_collectives(cluster, self.run_id, "--profile-unsafe")  # before anything
+        check_profile_at(cluster, options, self.run_id)
         self.record = runs.create(options.runs_dir, runs.check_run_id(self.run_id))
         # Spares get no task at the start; the rebuilt clusters of gpus/ and sharing keep theirs.
         self.spares = list(cluster.spares)
@@ -384,12 +348,13 @@ def launch(inventory_path, options, load_slots, reporter=None, planned=None):
     slots = load_slots(inventory_path)
     example = options.example
     counts = launch_counts(example, options.counts)
+    cluster = make_cluster(inventory_path, slots, counts, example, options.spares)
     if not options.baseline:
-        return Launch(make_cluster(inventory_path, slots, counts, example, options.spares),
-                      options, inventory_path, reporter).run()
+        return Launch(cluster, options, inventory_path, reporter).run()
     # --baseline: the same example with a single training task first, then the cluster.
     reporter = reporter or PlainReporter()
     run_id = options.run_id or runs.new_run_id(example.name)
+    check_profile_at(cluster, options, run_id)  # refused before the baseline runs
     single = dict(counts, worker=1 if counts.get("worker", 1) else 0, evaluator=0)
     if single["worker"]:
         single["chief"] = 0 if example.success != "chief" else counts.get("chief", 0)
@@ -398,8 +363,8 @@ def launch(inventory_path, options, load_slots, reporter=None, planned=None):
            replace(options, run_id=run_id + "-baseline", baseline=False),
            inventory_path, reporter).run()
     base = runs.load(options.runs_dir, run_id + "-baseline")
-    code = Launch(make_cluster(inventory_path, slots, counts, example, options.spares),
-                  replace(options, run_id=run_id, baseline=False), inventory_path, reporter).run()
+    code = Launch(cluster, replace(options, run_id=run_id, baseline=False), inventory_path,
+                  reporter).run()
     main = runs.load(options.runs_dir, run_id)
     for line in efficiency_lines(base, main):
         reporter.out(line)

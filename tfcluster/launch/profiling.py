@@ -61,6 +61,13 @@ def refuse_collectives(cluster, run_id, flag):
             % (run_id, len(cluster.tasks), flag))
 
 
+def check_profile_at(cluster, options, run_id):
+    """launch --profile-at: refused, before anything starts, for a run of CLUSTER that trains
+    with collectives unless --profile-unsafe was given."""
+    if options.profile_at is not None and not options.profile_unsafe:
+        refuse_collectives(cluster, run_id, "--profile-unsafe")
+
+
 class Profile:
     """One trace's outcome: FOLDER (in the run record), TRACED {label: file}, and PROBLEMS
     {label: why it has no trace}."""
