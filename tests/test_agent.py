@@ -167,6 +167,22 @@ def test_a_closed_channel_ends_the_lease_and_a_detach_does_not(tmp_path):
             agent.proc.wait(timeout=30)
 
 
+def test_a_new_cluster_reaches_the_task_that_goes_on(agent, tmp_path):
+    run_dir = tmp_path / "run"
+    agent.send(P.NewCluster(cluster={"worker": ["a:1"]}))  # no run here yet: refused
+    assert isinstance(agent.next((P.Accepted, P.Error)), P.Error)
+    start(agent, run_dir, [{"name": "chief-0", "env": {
+        P.CLUSTER_FILE_ENV: str(run_dir / P.CLUSTER_FILE)},
+        "command": "while [ ! -e $%s ]; do sleep 0.05; done; cat $%s" % (
+            P.CLUSTER_FILE_ENV, P.CLUSTER_FILE_ENV)}])
+    cluster = {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.9.1:2222"]}
+    agent.send(P.NewCluster(cluster=cluster))
+    assert isinstance(agent.next((P.Accepted, P.Error)), P.Accepted)
+    assert exit_codes(agent, 1) == {"chief-0": 0}
+    assert json.loads(outputs(agent, "chief-0")) == cluster
+    assert stat.S_IMODE((run_dir / P.CLUSTER_FILE).stat().st_mode) & 0o077 == 0
+
+
 def test_a_run_never_adopts_another_runs_folder(agent, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

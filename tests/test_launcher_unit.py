@@ -347,6 +347,10 @@ def test_a_lost_worker_of_async_training_moves_alone(tmp_path):
     assert spare.starts == {"worker-1": 1}
     assert record["moves"][0]["scope"] == "task"
     assert "the other tasks go on" in console
+    # The machines whose tasks go on are told the new cluster; the spare starts with it.
+    assert worker0.clusters == ps.clusters == [record["cluster"]], (worker0.clusters, record)
+    assert record["cluster"]["worker"][1].startswith("10.0.9.1:")
+    assert spare.clusters == []
 
 
 def test_a_task_killed_a_moment_before_its_machine_goes_silent_moves_with_the_machine(tmp_path):

@@ -95,5 +95,7 @@ def test_a_move_restarts_every_task_of_synchronous_training():
     assert not moves_whole(examples["cifar10"], ["--mode=async"], smoke=True)
     assert moves_whole(examples["cifar10_multi_ps"], ["--mode", "sync"])
     assert not moves_whole(examples["mnist_async"], ["--sync_replicas"])
-    for name in ("data_parallel", "multi_worker_mirrored", "ps_strategy"):
+    for name in ("data_parallel", "multi_worker_mirrored"):
         assert moves_whole(examples[name]), name
+    # The ClusterCoordinator takes a moved worker back at its new address (trainers/common/moves).
+    assert not moves_whole(examples["ps_strategy"])

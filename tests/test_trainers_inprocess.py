@@ -20,6 +20,7 @@ import pytest
 
 import trainers
 from support.ports import free_port_block
+from support.procs import wait_for
 from tfcluster_agent import protocol
 from trainers import (census_widendeep, cifar10, data_parallel, grpc_server, mnist_async,
                       mnist_replica, mnist_towers, model_parallel, multi_worker_mirrored,
@@ -278,6 +279,48 @@ def test_data_parallel_master_and_worker(tf, capsys, digits, absent):
     assert master["workers_finished"] is True
     assert set(protocol.RESULT_KEYS) <= set(master) and master["loss"] < master["initial_loss"]
     assert len(lines(out, "metric")) >= 6
+
+
+def test_a_moved_worker_reaches_the_coordinators_failure_handler(tf, tmp_path):
+    """trainers/common/moves.py on TensorFlow's own ServerDef and eager context, with a stand-in
+    coordinator: the cluster file's workers replace the handler's, and its reconnection fails as
+    a lost worker does while a worker address takes no connection."""
+    import socket
+    import types
+    from tensorflow.core.protobuf import tensorflow_server_pb2
+    from tensorflow.python.eager import context
+    from trainers.common import moves
+    listener = socket.create_server(("127.0.0.1", 0))
+    live = "127.0.0.1:%d" % listener.getsockname()[1]
+    with socket.create_server(("127.0.0.1", 0)) as gone:
+        closed = "127.0.0.1:%d" % gone.getsockname()[1]
+    server_def = tensorflow_server_pb2.ServerDef(job_name="chief", task_index=0, protocol="grpc")
+    server_def.cluster.job.add(name="chief").tasks[0] = "127.0.0.1:1"
+    workers = server_def.cluster.job.add(name="worker")
+    workers.tasks[0], workers.tasks[1] = live, closed
+    handler = types.SimpleNamespace(_server_def=server_def)
+    coordinator = types.SimpleNamespace(_cluster=types.SimpleNamespace(failure_handler=handler))
+    eager, updated, said = context.context(), [], []
+    eager.update_server_def = updated.append  # TensorFlow's would connect this process
+    path = tmp_path / "cluster.json"
+    stop = moves.follow_moves(coordinator, said.append, str(path))
+    try:
+        with pytest.raises(tf.errors.UnavailableError,
+                           match="/job:worker/replica:0/task:1 at %s: .*refused" % closed):
+            eager.update_server_def(handler._server_def)
+        assert updated == []
+        path.write_text(json.dumps({"chief": ["127.0.0.1:1"], "worker": [live, live]}))
+        wait_for(lambda: moves.worker_addresses(handler._server_def) == [(0, live), (1, live)],
+                 10, "the moved worker's address in the handler")
+        eager.update_server_def(handler._server_def)
+        assert updated == [handler._server_def]
+        assert said == ["chief: the cluster changed; workers now at %s, %s" % (live, live)]
+        assert [j.name for j in handler._server_def.cluster.job] == ["chief", "worker"]
+    finally:
+        stop()
+        listener.close()
+    assert "update_server_def" not in vars(eager)
+    assert moves.follow_moves(coordinator, said.append, "") is None
 
 
 def test_ps_strategy_chief(tf, capsys, digits, absent):

@@ -244,6 +244,12 @@ class Agent(ReachRequests, TaskWatching):
         threading.Thread(target=stop_all, daemon=True).start()
         self.stopping = (done, names, ports, result, deadline)
 
+    def on_new_cluster(self, msg):
+        if not self.run_dir:
+            raise ValueError("no run here to tell of a new cluster")
+        S.write_atomic(os.path.join(self.run_dir, P.CLUSTER_FILE), json.dumps(msg.cluster))
+        self.send(P.Accepted())
+
     def on_watch_stalls(self, msg):
         from tfcluster_agent.stall import StallWatch
         self.stalls = StallWatch(self.run_dir, self.tasks, msg.names, msg.stall_after, self.send)

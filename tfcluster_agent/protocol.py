@@ -92,6 +92,14 @@ def drain_requested(environ=None):
     return bool(path) and os.path.exists(path)
 
 
+# ---------------------------------------------------------------- a cluster that changed
+
+CLUSTER_FILE_ENV = "TFCLUSTER_CLUSTER_FILE"
+# In the task's host run folder: written when some tasks of the run moved to a spare and the
+# others go on (a ParameterServerStrategy worker); TF_CONFIG's "cluster", JSON, whole or absent.
+CLUSTER_FILE = "cluster.json"
+
+
 # ---------------------------------------------------------------- task names
 
 def task_label(job, index):
@@ -224,6 +232,14 @@ class Stop:
     grace: float = 10.0
     drain: float = 0.0
     reason: str = ""
+
+
+@message
+class NewCluster:
+    """Some tasks of the run moved: write CLUSTER (TF_CONFIG's "cluster") to CLUSTER_FILE in the
+    run folder, where the tasks of this machine that go on read it."""
+    kind = "new_cluster"
+    cluster: dict
 
 
 @message

@@ -7,10 +7,13 @@ training steps that the coordinator dispatches to whichever worker is free. The 
 one-hidden-layer ReLU network on MNIST (or scikit-learn's digits) in a tf.Module with a custom
 training loop (plain SGD): no Keras, which does not support this strategy any more.
 
+A worker lost with its machine is moved by tfcluster to a spare, alone: the coordinator goes
+on with the workers it has and takes the moved one back at its new address (common/moves.py).
+
 The run succeeds when the chief exits 0; tfcluster then stops the workers and ps tasks (they
 serve until stopped: TensorFlow has no remote shutdown).
 """
-from trainers.common import bootstrap, checkpoints, data, loop, models, sessions, strategies
+from trainers.common import bootstrap, checkpoints, data, loop, models, moves, sessions, strategies
 
 
 def build_parser():
@@ -37,6 +40,7 @@ def train(info, dataset, args):
         "parameter_server", info, partitioner=args.partitioner, num_shards=args.num_shards,
         min_shard_bytes=args.min_shard_bytes)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    moves.follow_moves(coordinator, bootstrap.log, info.env.cluster_file)  # a worker moved
     with strategy.scope():
         model = models.build_classifier(tf, dataset, args)
     variables = [v for p in model.params for v in shards(p)]
@@ -133,4 +137,4 @@ if __name__ == "__main__":
     # With a single inter-op thread (what a fair share of a 2-core host gives 5 tasks) the
     # coordinator's first scheduled step never finishes: the worker running the multi-device
     # function and the ps tasks it sends to wait on each other (measured with TF 2.21).
-    bootstrap.entry(build_parser, run, inter_op_threads=2)
+    bootstrap.entry(build_parser, run, inter_op_threads=2, grpc_options=moves.GRPC_OPTIONS)

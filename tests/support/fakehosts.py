@@ -27,6 +27,7 @@ class FakeLink:
         self.hello, self.closed, self.detaching = None, False, False
         self._last_heard = None  # None: heard this very moment, as an agent that pings
         self.alive, self.starts, self.specs, self.stops = set(), {}, [], []
+        self.clusters = []  # what NewCluster told this machine
 
     @property
     def last_heard(self):
@@ -78,6 +79,9 @@ class FakeLink:
             stopped = {n: "stopped" if n in self.alive else "not running" for n in msg.names}
             self.alive -= set(msg.names)
             return P.Stopped(tasks=stopped, busy_ports=[], remaining=[])
+        if isinstance(msg, P.NewCluster):
+            self.clusters.append(msg.cluster)
+            return P.Accepted()
         if isinstance(msg, P.Collect):
             return P.Collected(count=0)
         if isinstance(msg, P.Listen):

@@ -128,8 +128,22 @@ class Recovery:
             self.reporter.note(wording.moved(machine.label, spare.label, labels, whole,
                                              time.time(), drained=drain is not None))
         self._start_again(cluster.tasks if whole else moved, count)
+        if not whole:
+            self._tell_new_cluster(cluster, moved)
         runs.save(self.record)
         return True
+
+    def _tell_new_cluster(self, cluster, moved):
+        """The tasks that go on learn where the moved ones are (their CLUSTER_FILE): a
+        ParameterServerStrategy chief hands the new addresses to its coordinator. A machine that
+        cannot be told is said: its tasks keep the old addresses."""
+        labels = {t.label for t in moved}
+        staying = [m for m, mine in cluster.machines() if any(t.label not in labels for t in mine)]
+        told = self.hosts.each(lambda link: link.request(
+            P.NewCluster(cluster=cluster.jobs()), timeout=30, what="to tell of the new cluster"),
+            staying, timeout=40)
+        for line in told.reasons(staying):
+            self.reporter.note("not told of the new cluster: " + line)
 
     def _machine_silent(self):
         """True while a machine of the run has said nothing for SILENT_SECONDS (its agent pings

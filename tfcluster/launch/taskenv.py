@@ -57,7 +57,9 @@ def task_specs(cluster, options, run_id, threads):
                "TFCLUSTER_RUN_ID": run_id, "TFCLUSTER_TASK": task.label,
                "TFCLUSTER_RUN_DIR": run_dir,
                # Where the termination notice of a drain appears (the agent writes it).
-               P.DRAIN_FILE_ENV: run_dir + "/" + P.DRAIN_FILE}
+               P.DRAIN_FILE_ENV: run_dir + "/" + P.DRAIN_FILE,
+               # Where the new cluster appears when some tasks move and this one goes on.
+               P.CLUSTER_FILE_ENV: run_dir + "/" + P.CLUSTER_FILE}
         env.update(gpus.task_env(task, cluster))
         env.update(options.env)
         if example.name == "custom":

@@ -27,11 +27,13 @@ class TaskEnv:
     intra_op_threads: int = 0   # TF_NUM_INTRAOP_THREADS (0: TensorFlow chooses)
     inter_op_threads: int = 0   # TF_NUM_INTEROP_THREADS
     drain_file: str = ""        # TFCLUSTER_DRAIN_FILE: the termination notice appears there
+    cluster_file: str = ""      # TFCLUSTER_CLUSTER_FILE: the new cluster, when some tasks moved
 
     @classmethod
     def from_environ(cls, environ):
         return cls(run_dir=environ.get("TFCLUSTER_RUN_DIR", ""),
                    drain_file=environ.get(protocol.DRAIN_FILE_ENV, ""),
+                   cluster_file=environ.get(protocol.CLUSTER_FILE_ENV, ""),
                    restarted=bool(environ.get("TFCLUSTER_RESTARTS")),
                    intra_op_threads=int(environ.get("TF_NUM_INTRAOP_THREADS", 0) or 0),
                    inter_op_threads=int(environ.get("TF_NUM_INTEROP_THREADS", 0) or 0))
@@ -299,17 +301,20 @@ def entry(build_parser, run, **how):
 
 
 def main(build_parser, run, argv, environ, graph=False, find_cluster=cluster_from_args,
-         inter_op_threads=0):
+         inter_op_threads=0, grpc_options=""):
     """A trainer's command line ARGV and environment ENVIRON, read here only: the flags of
     BUILD_PARSER(), the cluster FIND_CLUSTER(args, environ) (default: the flags', else
     TF_CONFIG's; None: the program runs alone), graph mode when GRAPH (a bool, or a function of
-    the flags), at least INTER_OP_THREADS TensorFlow inter-op threads. Then RUN(args, cluster),
+    the flags), at least INTER_OP_THREADS TensorFlow inter-op threads, GRPC_OPTIONS as
+    TensorFlow's gRPC channel options unless ENVIRON sets its own. Then RUN(args, cluster),
     or alone RUN(args, None, env=the TaskEnv), and the result line of a task that trained (a ps
     has none). Returns the exit status: 0, or protocol.DRAINED_EXIT when the task ended on the
     termination notice."""
     args = build_parser().parse_args(argv)
     if inter_op_threads:
         ensure_inter_op_threads(environ, inter_op_threads)
+    if grpc_options:
+        environ.setdefault("TF_GRPC_DEFAULT_OPTIONS", grpc_options)
     cluster = find_cluster(args, environ)
     import_tensorflow()
     if graph(args) if callable(graph) else graph:
