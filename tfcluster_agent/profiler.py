@@ -62,18 +62,6 @@ class ProfileFiles:
     folder: str
 
 
-def _blocks(pid, signum):
-    """True when PID blocks SIGNUM: its sitecustomize waits for it in a thread."""
-    try:
-        with open("/proc/%d/status" % pid) as handle:
-            for line in handle:
-                if line.startswith("SigBlk:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
 def _read_answer(path, deadline):
     while time.monotonic() < deadline:
         try:
@@ -130,7 +118,8 @@ def start_one(run_dir, name, task_port, claims):
         return {"error": "it is not running"}
     pgid = int(record["pid"])
     members = sorted(scan_groups([pgid])[pgid][1], key=lambda pid: (pid != pgid, pid))
-    candidates = [pid for pid in members if _blocks(pid, PROFILE_SIGNAL)]
+    # Its sitecustomize waits for the signal in a thread: the signal is blocked.
+    candidates = [pid for pid in members if S.signal_in(pid, "SigBlk", PROFILE_SIGNAL)]
     if not candidates:
         return {"error": "no process of it loaded tfcluster's sitecustomize (not Python, or "
                          "PYTHONPATH replaced)"}

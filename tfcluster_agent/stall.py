@@ -180,17 +180,6 @@ class StallWatch:
 
 # ---------------------------------------------------------------- stacks
 
-def _catches(pid, signum):
-    try:
-        with open("/proc/%d/status" % pid) as handle:
-            for line in handle:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
-
-
 def _describe(pid):
     """pid 123 (python3) S in do_epoll_wait: what the kernel says a process does."""
     fields = S.proc_stat(pid)
@@ -233,7 +222,7 @@ def take_stacks(run_dir, names, hostname):
             path = os.path.join(folder, "%d.txt" % pid)
             header = _header(path)
             lines[name].append(pid)
-            if header and _catches(pid, header[0]):
+            if header and S.signal_in(pid, "SigCgt", header[0]):
                 pending[pid] = (path, os.path.getsize(path), header[1])
                 try:
                     os.kill(pid, header[0])

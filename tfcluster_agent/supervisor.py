@@ -50,6 +50,19 @@ def _start_of(fields):
         return None
 
 
+def signal_in(pid, mask, signum):
+    """True when SIGNUM is in PID's MASK of /proc/PID/status ("SigBlk": blocked, "SigCgt":
+    caught); False when the process is gone."""
+    try:
+        with open("/proc/%d/status" % pid) as handle:
+            for line in handle:
+                if line.startswith(mask + ":"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def start_time(pid):
     """The process's start time in clock ticks since boot, or None."""
     return _start_of(proc_stat(pid))

@@ -22,6 +22,7 @@ marks nobody).
 import time
 
 from tfcluster.diagnosis import SLOWEST, Cause, wording
+from tfcluster.diagnosis.marks import MarkedTasks
 from tfcluster.spec.cluster import TRAINING_JOBS
 
 WINDOW_S = 10.0
@@ -32,16 +33,17 @@ SYNCHRONOUS = 0.8   # the slowest rate over the fastest: the tasks step together
 MIN_BUSY = 0.05     # busy seconds per second of the busiest task: under it nobody computes
 
 
-class SlowestWatch:
+class SlowestWatch(MarkedTasks):
+    """One task marked at a time; NAMED's "waits": (sum, count) of the others' median wait, each
+    tick it was marked."""
+    UNMARKED = wording.no_longer_slowest
+    ROW = "task_slowest"
+
     def __init__(self, reporter, window=WINDOW_S, hold=HOLD_S):
-        self.reporter = reporter
+        super().__init__(reporter)
         self.window, self.hold = window, hold
         self.points = {}      # label -> [(time, busy, wait, examples_per_s)] of its recent points
-        self.running = {}     # label -> task, while it runs
         self.candidate = None  # (label, since): the busiest, the others waiting enough
-        self.marked = None     # (label, since) of the task marked now
-        self.named = {}        # label -> {"since", "seconds", "waits": (sum, count) of the
-        #                        others' median wait, each tick it was marked}
 
     def started(self, task):
         if task.job in TRAINING_JOBS:
@@ -49,9 +51,8 @@ class SlowestWatch:
             self.points.pop(task.label, None)
 
     def ended(self, task, now=None):
+        self._unmark(task.label, now or time.time(), quiet=True)
         self.running.pop(task.label, None)
-        if self.marked and self.marked[0] == task.label:
-            self._unmark(now or time.time(), quiet=True)
 
     def metric(self, task, point, now=None):
         figures = [point.get(key) for key in ("busy", "wait", "examples_per_s")]
@@ -101,9 +102,10 @@ class SlowestWatch:
             return []  # nothing to judge by: a mark stays as it was
         slowest, waits = found
         median = statistics.median(waits.values())
-        if self.marked is not None:
-            if self.marked[0] != slowest or median < WAIT_CLEAR:
-                self._unmark(now)
+        if self.marked:
+            marked, = self.marked
+            if marked != slowest or median < WAIT_CLEAR:
+                self._unmark(marked, now)
             else:
                 self._count(slowest, median)
                 return []
@@ -119,8 +121,7 @@ class SlowestWatch:
         return [self._mark(slowest, since, now, median)]
 
     def _mark(self, label, since, now, median):
-        self.marked = (label, since)
-        self.named.setdefault(label, {"since": since, "seconds": 0.0, "waits": (0.0, 0)})
+        self._mark_on(label, since, waits=(0.0, 0))
         self._count(label, median)
         text = wording.slowest(label, median)
         self.reporter.note(text)
@@ -131,24 +132,14 @@ class SlowestWatch:
         total, count = self.named[label]["waits"]
         self.named[label]["waits"] = (total + median, count + 1)
 
-    def _unmark(self, now, quiet=False):
-        label, since = self.marked
-        self.marked = None
-        self.named[label]["seconds"] += now - since
-        if not quiet:
-            self.reporter.note(wording.no_longer_slowest(label))
-            self.reporter.task_slowest(self.running[label], False)
-
     def summary(self, now=None):
         """One line per task that was the slowest, for the run's summary."""
         now = now or time.time()
         lines = []
         for label, named in sorted(self.named.items()):
-            seconds = named["seconds"]
-            if self.marked and self.marked[0] == label:
-                seconds += now - self.marked[1]
             total, count = named["waits"]
-            lines.append(wording.was_slowest(label, seconds, named["since"], total / count))
+            lines.append(wording.was_slowest(label, self.marked_seconds(label, now),
+                                             named["since"], total / count))
         return lines
 
 

@@ -10,6 +10,7 @@ and the run's summary names it.
 import time
 
 from tfcluster.diagnosis import STRAGGLER, Cause, wording
+from tfcluster.diagnosis.marks import MarkedTasks
 from tfcluster.spec.cluster import TRAINING_JOBS
 
 RATE_WINDOW_S = 10.0
@@ -17,16 +18,16 @@ SLOWER_THAN = 0.5   # of the peers' median rate
 UNIT = {"examples_per_s": "examples/s", "step": "steps/s"}
 
 
-class StragglerWatch:
+class StragglerWatch(MarkedTasks):
+    UNMARKED = wording.caught_up
+    ROW = "task_straggling"
+
     def __init__(self, reporter, after=30.0, window=RATE_WINDOW_S):
-        self.reporter = reporter
+        super().__init__(reporter)  # named: {"since", "seconds", "worst": lowest rate share}
         self.after = after
         self.window = window
         self.series = {}       # label -> {"examples_per_s": [(time, work)], "step": [...]}
-        self.running = {}      # label -> task, while it runs
         self.below_since = {}  # label -> time its rate fell under the mark
-        self.marked = {}       # label -> time it was marked
-        self.named = {}        # label -> {"since": time, "seconds": straggling time, "worst"}
 
     def started(self, task):
         if task.job in TRAINING_JOBS:
@@ -90,30 +91,20 @@ class StragglerWatch:
         return marked
 
     def _mark(self, label, since, now, rate, median, measure):
-        self.marked[label] = since
-        named = self.named.setdefault(label, {"since": since, "seconds": 0.0, "worst": 1.0})
+        named = self._mark_on(label, since, worst=1.0)
         named["worst"] = min(named["worst"], rate / median)
         text = wording.straggling(label, rate, UNIT[measure], self.window, median, now - since)
         self.reporter.note(text)
         self.reporter.task_straggling(self.running[label], True)
         return Cause(STRAGGLER, text, (self.running[label],))
 
-    def _unmark(self, label, now, quiet=False):
-        since = self.marked.pop(label, None)
-        if since is None:
-            return
-        self.named[label]["seconds"] += now - since
-        if not quiet:
-            self.reporter.note(wording.caught_up(label))
-            self.reporter.task_straggling(self.running[label], False)
-
     def summary(self, now=None):
         """One line per task that straggled, for the run's summary."""
         now = now or time.time()
         lines = []
         for label, named in sorted(self.named.items()):
-            seconds = named["seconds"] + (now - self.marked[label] if label in self.marked else 0)
-            lines.append(wording.straggled(label, seconds, named["since"], named["worst"]))
+            lines.append(wording.straggled(label, self.marked_seconds(label, now), named["since"],
+                                           named["worst"]))
         return lines
 
 
