@@ -1,7 +1,7 @@
 """The slowest worker of a real synchronous run on this machine (root: a cgroup CPU limit): three
-MultiWorkerMirroredStrategy workers train, healthy, and nobody is named; then one worker at a
-time is held to a tenth of a core, named within 30 s, and let go, TRIES times. Synthetic points:
-test_slowest.py.
+MultiWorkerMirroredStrategy workers (or three SyncReplicasOptimizer workers of mnist_replica and
+their ps) train, healthy, and nobody is named; then one worker at a time is held to a tenth of
+a core, named within 30 s, and let go, TRIES times. Synthetic points: test_slowest.py.
 
 Three workers on this 2-core machine get about two thirds of a core each: a limit of half a core
 hardly slows one (its cgroup was throttled in 2 to 73 of 300 periods), a tenth does. Each try
@@ -22,7 +22,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 TRIES = 1
 CORES = 0.1
-HEALTHY_S = 60    # of training, all three at full speed, before the first limit
+# Each: the example, its ps tasks, its flags, the seconds of healthy training (all three at
+# full speed) before the first limit. The all-reduce has its own figure (`wait`); SyncReplicas
+# workers are judged by `busy` alone.
+SYNCHRONOUS = {"multi_worker_mirrored": ("multi_worker_mirrored", "0", [], 60),
+               "sync_replicas": ("mnist_replica", "1", ["--sync_replicas"], 30)}
 NAMED_WITHIN_S = 30
 # Enough compute per step that the limit shows in the step time, not only the all-reduce.
 TRAINER = ["--train_steps=100000000", "--log_every=5", "--batch_size=1500", "--hidden_units=2048"]
@@ -35,10 +39,11 @@ def matches(launch, pattern, start):
             if m]
 
 
-def launch_three_workers(inventory, runs_dir):
-    """A 3-worker multi_worker_mirrored launch, once all three report points; its tasks."""
-    launch = Launch(runs_dir, "multi_worker_mirrored", "--smoke", "-i", inventory, "--workers",
-                    "3", "--ps", "0", "--chief", "0", "--plain", "--", *TRAINER)
+def launch_three_workers(inventory, runs_dir, example, ps, flags):
+    """A 3-worker launch of EXAMPLE with PS ps tasks, once all three report points; its
+    tasks."""
+    launch = Launch(runs_dir, example, "--smoke", "-i", inventory, "--workers", "3", "--ps", ps,
+                    "--chief", "0", "--plain", "--", *flags, *TRAINER)
     for label in ("worker:0", "worker:1", "worker:2"):
         launch.line(r"^\[%s localhost\] step \d" % label, 300, label + "'s first points")
     return launch, run_record(runs_dir)["tasks"]
@@ -81,16 +86,18 @@ def stop(launch):
 
 
 @pytest.mark.timeout(1500)
+@pytest.mark.parametrize("training", sorted(SYNCHRONOUS))
 def test_a_worker_held_to_a_tenth_of_a_core_is_named_within_30s_and_a_healthy_run_names_nobody(
-        local_env):
+        local_env, training):
     if os.geteuid() != 0 or cpu_hierarchy() is None:
         pytest.fail("needs root and a cgroup cpu controller (v2 cpu.max or v1 cpu) to limit "
                     "a worker's CPU")
-    launch, tasks = launch_three_workers(*local_env)
+    example, ps, flags, healthy_s = SYNCHRONOUS[training]
+    launch, tasks = launch_three_workers(*local_env, example, ps, flags)
     try:
         start = time.monotonic()
-        wait_for(lambda: time.monotonic() - start >= HEALTHY_S or matches(launch, SLOWEST, 0),
-                 HEALTHY_S + 5, "the healthy stretch")
+        wait_for(lambda: time.monotonic() - start >= healthy_s or matches(launch, SLOWEST, 0),
+                 healthy_s + 5, "the healthy stretch")
         assert matches(launch, SLOWEST, 0) == [], "a healthy run named a slowest worker"
         print("named after (s):", limit_each_worker(launch, tasks, CORES, TRIES))
     finally:
