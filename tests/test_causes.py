@@ -348,10 +348,14 @@ def test_a_hidden_message_of_several_lines_is_hidden_whole():
                  "SessionOptions: goo.gle/debugproto", "device_count {", '  key: "CPU"',
                  "  value: 1", "}", "allow_soft_placement: true", "",
                  "I0000 00:00:1795697322.902049   29952 coordination_service.cc:505] Example "
-                 "stragglers:", "/job:worker/replica:0/task:1", "worker:0 serving", "loss: 0.5"):
+                 "stragglers:", "/job:worker/replica:0/task:1", "worker:0 serving", "loss: 0.5",
+                 # A program's own line right after a hidden one is shown.
+                 "I0000 00:00:1795891321.928861   29758 kernel_and_device.cc:101] Ignoring "
+                 "error status", "chief: the cluster changed; workers now at a:1, b:2"):
         reporter.task_line(task, line)
-    assert stream.getvalue().splitlines() == ["[worker:0 10.0.0.1] worker:0 serving",
-                                              "[worker:0 10.0.0.1] loss: 0.5"]
+    assert stream.getvalue().splitlines() == [
+        "[worker:0 10.0.0.1] worker:0 serving", "[worker:0 10.0.0.1] loss: 0.5",
+        "[worker:0 10.0.0.1] chief: the cluster changed; workers now at a:1, b:2"]
 
 
 # ------------------------------------------------------------------ stragglers

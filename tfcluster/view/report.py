@@ -70,8 +70,9 @@ def is_noise(line):
 
 # A TensorFlow log message goes on over several lines, without the log prefix, when it prints
 # a protobuf as text (`SessionOptions: ...` then `device_count {`, `  key: "CPU"`, `}`...) or
-# a list of tasks (`Example stragglers:` then `/job:worker/replica:0/task:1`).
-CONTINUED = re.compile(r"^\s*(\w+ \{|\w+: .*|\}|/job:\S+|)$")
+# a list of tasks (`Example stragglers:` then `/job:worker/replica:0/task:1`). A field's value
+# is one word or a quoted string: a program's own `chief: 2 workers, ...` is not a field.
+CONTINUED = re.compile(r'^\s*(\w+ \{|\w+: (?:"[^"]*"|\S+)|\}|/job:\S+|)$')
 
 
 class NoiseFilter:
