@@ -164,8 +164,9 @@ def test_baseline_then_the_main_run_both_get_the_live_table(tmp_path, monkeypatc
 
 def test_sigterm_and_sighup_drain_every_task_before_the_stop_and_ctrl_c_does_not(tmp_path):
     """The stop that SIGTERM or SIGHUP brings carries the termination notice and --drain-grace
-    to every machine's agent; Ctrl-C (and any other end) stops at once. Every task was told
-    where the notice appears."""
+    to every machine's agent, for the workers; the ps, which never ends by itself, is stopped
+    after them (at once: the workers may checkpoint through it, and it has nothing to save).
+    Ctrl-C (and any other end) stops at once. Every task was told where the notice appears."""
     for signum, drain in ((signal.SIGTERM, 7.0), (signal.SIGHUP, 7.0), (signal.SIGINT, 0.0)):
         cluster = cluster_of()
         hosts = FakeHosts([m for m, _ in cluster.machines()])
@@ -180,15 +181,42 @@ def test_sigterm_and_sighup_drain_every_task_before_the_stop_and_ctrl_c_does_not
                                          launch._on_signal(signum, None))).start()
         with pytest.raises(RunInterrupted, match="interrupted by %s" % signum.name):
             launch.run()
-        (stop,) = link.stops
-        assert (stop.drain, stop.reason) == (drain, signum.name if drain else "")
-        assert sorted(stop.names) == ["ps-0", "worker-0", "worker-1"]
+        if drain:
+            workers, ps = link.stops
+            assert (workers.drain, workers.reason) == (drain, signum.name)
+            assert sorted(workers.names) == ["worker-0", "worker-1"]
+            assert (ps.drain, ps.names) == (0.0, ["ps-0"])
+        else:
+            (stop,) = link.stops
+            assert (stop.drain, stop.reason) == (0.0, "")
+            assert sorted(stop.names) == ["ps-0", "worker-0", "worker-1"]
         for spec in link.specs:
             assert spec["env"][P.DRAIN_FILE_ENV] == "/opt/t/work/r/" + P.DRAIN_FILE
         record = json.loads((runs_dir / "r" / "run.json").read_text())
         assert record["state"] == "interrupted" and record["ended"]
         # `tfcluster drain` finds this launcher by its record (teardown.launcher_following).
         assert record["launcher"]["pid"] == os.getpid() and record["launcher"]["start"]
+
+
+def test_a_drained_parameter_server_strategy_run_keeps_its_servers_until_the_chief_ended(
+        tmp_path):
+    """ParameterServerStrategy (success: chief): only the chief trains and checkpoints; its
+    workers and ps serve it and never end by themselves, so the notice goes to the chief and
+    the servers are stopped once it ended."""
+    cluster = cluster_of(ps=1, workers=2, chief=1)
+    hosts = FakeHosts([m for m, _ in cluster.machines()])
+    launch = Launch(cluster, LaunchOptions(
+        example=catalog.custom_example("python train.py", "chief"),
+        runs_dir=str(tmp_path / "runs"), run_id="r", drain_grace=7.0),
+        "inventory.yml", PlainReporter(stream=io.StringIO()), hosts=hosts)
+    link = next(iter(hosts.links.values()))
+    threading.Thread(target=lambda: (wait_until(lambda: len(link.specs) == 4),
+                                     launch._on_signal(signal.SIGTERM, None))).start()
+    with pytest.raises(RunInterrupted):
+        launch.run()
+    chief, servers = link.stops
+    assert (chief.names, chief.drain) == (["chief-0"], 7.0)
+    assert (sorted(servers.names), servers.drain) == (["ps-0", "worker-0", "worker-1"], 0.0)
 
 
 def wait_until(condition, seconds=10):

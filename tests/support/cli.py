@@ -194,9 +194,17 @@ class Launcher:
         return "\n".join(line for _, line in self.lines)
 
     def finish(self, timeout):
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the launch still runs after %gs; its output, with when each "
+                                 "line came:\n%s" % (timeout, self.timed_text()[-8000:])) from None
         self.reader.join(5)
         return code
+
+    def timed_text(self):
+        start = self.lines[0][0] if self.lines else 0.0
+        return "\n".join("%7.1f %s" % (t - start, line) for t, line in list(self.lines))
 
     def kill(self):
         if self.proc.poll() is None:

@@ -226,6 +226,13 @@ def policy_tasks(cluster, policy):
     return chief + workers
 
 
+def serving_tasks(cluster, policy):
+    """The tasks that serve the others and end only when stopped: every ps, and the workers of
+    a run whose chief alone trains (ParameterServerStrategy)."""
+    chief_trains = policy == "chief" and bool(cluster.job_tasks("chief"))
+    return [t for t in cluster.tasks if t.job == "ps" or (chief_trains and t.job == "worker")]
+
+
 def policy_met(cluster, states, policy):
     """STATES: {label: TaskStatus}."""
     return all(states.get(t.label) is not None and states[t.label].exit == 0

@@ -9,6 +9,7 @@ import time
 from tfcluster.diagnosis import wording
 from tfcluster.errors import RunFailed
 from tfcluster.launch import sharing
+from tfcluster.launch.monitor import serving_tasks
 from tfcluster.launch.taskenv import task_specs
 from tfcluster.launch.teardown import DRAIN_REFUSED_FILE, Drain, stop_tasks
 from tfcluster.runs import store as runs
@@ -113,8 +114,9 @@ class Recovery:
             self.reporter.note("termination notice to %s (%s): they get %gs to checkpoint and "
                                "end" % (wording.joined_labels([t.label for t in stopping.tasks]),
                                         drain.reason, drain.seconds))
+        serving = {t.label for t in serving_tasks(before, self.options.example.success)}
         leftovers = [line for line in stop_tasks(self.hosts, stopping, self.options.stop_grace,
-                                                 skip=silent, drain=drain)
+                                                 skip=silent, drain=drain, serving=serving)
                      if "unreachable" not in line] if stopping.tasks else []
         if leftovers:
             raise RunFailed("cannot move the tasks to a spare: " + "; ".join(leftovers))

@@ -8,7 +8,7 @@ from tfcluster.runs import store as runs
 from tfcluster.runs.store import write_private
 from tfcluster.errors import RunFailed, RunInterrupted, RunTimedOut
 from tfcluster.diagnosis import STALL, wording
-from tfcluster.launch.monitor import TAIL_LINES, policy_met
+from tfcluster.launch.monitor import TAIL_LINES, policy_met, serving_tasks
 from tfcluster.runs.record import RunState, TaskState
 from tfcluster.view.summary import print_summary
 from tfcluster_agent import protocol as P
@@ -24,22 +24,32 @@ DRAIN_HOST_SIGNAL = signal.SIGUSR1
 DRAIN_REFUSED_FILE = "drain-refused.json"
 
 
-def stop_tasks(hosts, cluster, grace, skip=(), drain=None):
+def stop_tasks(hosts, cluster, grace, skip=(), drain=None, serving=()):
     """Stop every task of the run on every reachable machine; returns the leftovers, if any.
-    DRAIN (a Drain): every task gets the termination notice first, and its seconds to end."""
-    drain = drain or Drain()
+    DRAIN (a Drain): every task gets the termination notice first, and its seconds to end; the
+    tasks of SERVING (labels: they serve the others and never end by themselves) are stopped
+    once the others have ended, since those may checkpoint through them."""
+    leftovers = ["%s: unreachable, its tasks stop themselves when their lease runs out"
+                 % m.label for m, _ in cluster.machines() if m.key in skip]
+    tasks = [t for t in cluster.tasks if t.machine.key not in skip]
+    if drain is None or not drain.seconds:
+        return leftovers + _stop(hosts, tasks, grace, Drain())
+    leftovers += _stop(hosts, [t for t in tasks if t.label not in serving], grace, drain)
+    return leftovers + _stop(hosts, [t for t in tasks if t.label in serving], grace, Drain())
 
+
+def _stop(hosts, tasks, grace, drain):
+    """Stop TASKS, machine by machine in parallel: what could not be stopped."""
     def stop(link):
-        mine = [t for t in cluster.tasks if t.machine.key == link.machine.key]
+        mine = [t for t in tasks if t.machine.key == link.machine.key]
         return link.request(P.Stop(names=[t.name for t in mine],
                                    ports=[t.port for t in mine if t.port], grace=grace,
                                    drain=drain.seconds, reason=drain.reason),
                             timeout=drain.seconds + grace + 20, what="to stop its tasks")
 
-    machines = [m for m, _ in cluster.machines() if m.key not in skip]
+    machines = list({t.machine.key: t.machine for t in tasks}.values())
     outcomes = hosts.each(stop, machines, timeout=drain.seconds + grace + 25)
-    leftovers = ["%s: unreachable, its tasks stop themselves when their lease runs out"
-                 % m.label for m, _ in cluster.machines() if m.key in skip]
+    leftovers = []
     for machine in machines:
         if machine.key in outcomes.failed:
             leftovers.append("%s: could not stop tasks: %s" % (
@@ -100,10 +110,13 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
     print the summary; returns OUTCOME, or the failure that came before it (earliest_failure)."""
     monitor.diagnosis.teardown_began()  # tasks that end from here on may be ours to stop
     with signals_deferred(reporter):
+        serving = [t.label for t in serving_tasks(cluster, record.success_policy)]
         if drain is not None and drain.seconds:
             reporter.note("termination notice to every task (%s): they get %gs to checkpoint "
-                          "and end" % (drain.reason, drain.seconds))
-        leftovers = stop_tasks(hosts, cluster, grace, skip=lost, drain=drain)
+                          "and end%s" % (drain.reason, drain.seconds, "; the servers (%s) stop once "
+                                         "they ended" % wording.joined_labels(serving)
+                                         if serving else ""))
+        leftovers = stop_tasks(hosts, cluster, grace, skip=lost, drain=drain, serving=serving)
         monitor.pump(0)
         problems = collect_files(hosts, cluster, record.dir, skip=lost)
         hosts.close()
