@@ -19,6 +19,7 @@ from tfcluster.errors import PreflightError, RunFailed, RunInterrupted, RunTimed
 from tfcluster.hosts.inventory import Machine, Slot
 from tfcluster.launch.launcher import Launch
 from tfcluster.launch.options import LaunchOptions
+from tfcluster.launch.teardown import Drain, drain_note
 from tfcluster.runs import store as runs
 from tfcluster.runs.record import RunRecord, RunState
 from tfcluster.spec.cluster import build_cluster
@@ -204,11 +205,11 @@ def test_a_drained_parameter_server_strategy_run_keeps_its_servers_until_the_chi
     workers and ps serve it and never end by themselves, so the notice goes to the chief and
     the servers are stopped once it ended."""
     cluster = cluster_of(ps=1, workers=2, chief=1)
-    hosts = FakeHosts([m for m, _ in cluster.machines()])
+    hosts, console = FakeHosts([m for m, _ in cluster.machines()]), io.StringIO()
     launch = Launch(cluster, LaunchOptions(
         example=catalog.custom_example("python train.py", "chief"),
         runs_dir=str(tmp_path / "runs"), run_id="r", drain_grace=7.0),
-        "inventory.yml", PlainReporter(stream=io.StringIO()), hosts=hosts)
+        "inventory.yml", PlainReporter(stream=console), hosts=hosts)
     link = next(iter(hosts.links.values()))
     threading.Thread(target=lambda: (wait_until(lambda: len(link.specs) == 4),
                                      launch._on_signal(signal.SIGTERM, None))).start()
@@ -217,6 +218,14 @@ def test_a_drained_parameter_server_strategy_run_keeps_its_servers_until_the_chi
     chief, servers = link.stops
     assert (chief.names, chief.drain) == (["chief-0"], 7.0)
     assert (sorted(servers.names), servers.drain) == (["ps-0", "worker-0", "worker-1"], 0.0)
+    assert "termination notice to every task but the servers (SIGTERM): they get 7s to " \
+        "checkpoint and end; then worker:0, worker:1 and ps:0, serving them, stop" \
+        in console.getvalue(), console.getvalue()
+    assert drain_note(Drain(7.0, "r"), ["worker:1"], {"worker:1", "ps:0"}) == \
+        "stopping worker:1 at once: it serves the others, with nothing to checkpoint"
+    assert drain_note(Drain(7.0, "r"), ["chief:0", "worker:1"], {"worker:1"}) == \
+        "termination notice to chief:0 (r): they get 7s to checkpoint and end; then worker:1, " \
+        "serving them, stops"
 
 
 def wait_until(condition, seconds=10):

@@ -11,7 +11,7 @@ from tfcluster.errors import RunFailed
 from tfcluster.launch import sharing
 from tfcluster.launch.monitor import serving_tasks
 from tfcluster.launch.taskenv import task_specs
-from tfcluster.launch.teardown import DRAIN_REFUSED_FILE, Drain, stop_tasks
+from tfcluster.launch.teardown import DRAIN_REFUSED_FILE, Drain, drain_note, stop_tasks
 from tfcluster.runs import store as runs
 from tfcluster.runs.record import MachineRecord, MoveEntry
 from tfcluster.runs.store import host_run_dir
@@ -110,11 +110,9 @@ class Recovery:
         reachable = Cluster([t for t in before.tasks if t.label in {m.label for m in moved}
                              and t.machine.key not in silent])
         stopping = before if whole else reachable
-        if drain is not None:
-            self.reporter.note("termination notice to %s (%s): they get %gs to checkpoint and "
-                               "end" % (wording.joined_labels([t.label for t in stopping.tasks]),
-                                        drain.reason, drain.seconds))
         serving = {t.label for t in serving_tasks(before, self.options.example.success)}
+        if drain is not None:
+            self.reporter.note(drain_note(drain, [t.label for t in stopping.tasks], serving))
         leftovers = [line for line in stop_tasks(self.hosts, stopping, self.options.stop_grace,
                                                  skip=silent, drain=drain, serving=serving)
                      if "unreachable" not in line] if stopping.tasks else []

@@ -64,6 +64,23 @@ def _stop(hosts, tasks, grace, drain):
     return leftovers
 
 
+def drain_note(drain, labels, serving, everyone=False):
+    """What the drain (a Drain) of the tasks LABELS does, SERVING among them stopped after the
+    others; EVERYONE: LABELS are the whole run."""
+    servers = [label for label in labels if label in serving]
+    noticed = [label for label in labels if label not in serving]
+    if not noticed:
+        return "stopping %s at once: %s the others, with nothing to checkpoint" % (
+            wording.joined_labels(servers), "it serves" if len(servers) == 1 else "they serve")
+    who = wording.joined_labels(noticed) if not everyone else \
+        "every task but the servers" if servers else "every task"
+    return "termination notice to %s (%s): they get %gs to checkpoint and end%s" % (
+        who, drain.reason, drain.seconds,
+        "; then %s, serving them, %s" % (wording.joined_labels(servers),
+                                         "stops" if len(servers) == 1 else "stop")
+        if servers else "")
+
+
 @value_class(frozen=True)
 class Drain:
     """A stop that begins with the termination notice (protocol.DRAIN_FILE): the tasks get
@@ -112,10 +129,8 @@ def finish(hosts, cluster, record, monitor, outcome, grace, reporter, stopped_by
     with signals_deferred(reporter):
         serving = [t.label for t in serving_tasks(cluster, record.success_policy)]
         if drain is not None and drain.seconds:
-            reporter.note("termination notice to every task (%s): they get %gs to checkpoint "
-                          "and end%s" % (drain.reason, drain.seconds, "; the servers (%s) stop once "
-                                         "they ended" % wording.joined_labels(serving)
-                                         if serving else ""))
+            reporter.note(drain_note(drain, [t.label for t in cluster.tasks], serving,
+                                     everyone=True))
         leftovers = stop_tasks(hosts, cluster, grace, skip=lost, drain=drain, serving=serving)
         monitor.pump(0)
         problems = collect_files(hosts, cluster, record.dir, skip=lost)
