@@ -19,10 +19,10 @@ from tfcluster.errors import PreflightError, RunFailed, RunInterrupted, RunTimed
 from tfcluster.hosts.inventory import Machine, Slot
 from tfcluster.launch.launcher import Launch
 from tfcluster.launch.options import LaunchOptions
-from tfcluster.launch.teardown import Drain, drain_note
+from tfcluster.launch.teardown import Drain, drain_note, stop_tasks
 from tfcluster.runs import store as runs
 from tfcluster.runs.record import RunRecord, RunState
-from tfcluster.spec.cluster import build_cluster
+from tfcluster.spec.cluster import Cluster, build_cluster
 from tfcluster.view.report import PlainReporter
 from tfcluster_agent import protocol as P
 from tfcluster_agent.values import replace
@@ -221,6 +221,13 @@ def test_a_drained_parameter_server_strategy_run_keeps_its_servers_until_the_chi
     assert "termination notice to every task but the servers (SIGTERM): they get 7s to " \
         "checkpoint and end; then worker:0, worker:1 and ps:0, serving them, stop" \
         in console.getvalue(), console.getvalue()
+    # A drained host whose tasks all serve: they alone are stopped, without a notice (an empty
+    # first step once sent its stop, with no names, to every machine: every task drained).
+    link.stops.clear()
+    worker = [t for t in cluster.tasks if t.label == "worker:1"]
+    assert stop_tasks(hosts, Cluster(worker), 5.0, drain=Drain(7.0, "r"),
+                      serving={"worker:1", "ps:0"}) == []
+    assert [(stop.names, stop.drain) for stop in link.stops] == [(["worker-1"], 0.0)]
     assert drain_note(Drain(7.0, "r"), ["worker:1"], {"worker:1", "ps:0"}) == \
         "stopping worker:1 at once: it serves the others, with nothing to checkpoint"
     assert drain_note(Drain(7.0, "r"), ["chief:0", "worker:1"], {"worker:1"}) == \

@@ -108,7 +108,8 @@ class FakeHosts:
 
     def each(self, call, machines=None, timeout=None):
         outcomes = Outcomes()
-        for link in ([self.links[m.key] for m in machines] if machines else self.links.values()):
+        for link in (self.links.values() if machines is None else
+                     [self.links[m.key] for m in machines]):
             outcomes.call(call, link)
         return outcomes
 

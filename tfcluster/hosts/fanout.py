@@ -54,11 +54,13 @@ class Hosts:
         self.close()
 
     def each(self, call, machines=None, timeout=None):
-        """Outcomes of CALL(link) on every machine, in parallel.
+        """Outcomes of CALL(link) on each machine of MACHINES (None: every machine; an empty
+        list: none), in parallel.
 
         Each call runs in its own thread: one host that hangs costs only its own deadline, and
         fails with "no answer"."""
-        links = [self.links[m.key] for m in machines] if machines else list(self.links.values())
+        links = list(self.links.values()) if machines is None else \
+            [self.links[m.key] for m in machines]
         running = Outcomes()
         threads = [threading.Thread(target=running.call, args=(call, link), daemon=True)
                    for link in links]

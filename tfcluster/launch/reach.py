@@ -66,8 +66,6 @@ def check(hosts, cluster, timeout=REACH_SECONDS):
 def _ask(hosts, machines, request, timeout, what):
     """({machine key: its Report's dict}, [problem]): REQUEST(machine) sent to every machine of
     MACHINES at once; a machine that fails it is a problem."""
-    if not machines:  # Hosts.each would ask every machine
-        return {}, []
     outcomes = hosts.each(lambda link: link.request(request(link.machine), timeout=timeout,
                                                     what=what).report, machines,
                           timeout=timeout + 10)
