@@ -186,21 +186,23 @@ def assert_drained(record, runs_dir, drained, stopped, reason, state="interrupte
 
 
 def test_sigterm_gives_every_task_the_termination_notice_before_the_stop(local_env):
-    """SIGTERM to the launcher drains: the notice file reaches every task (the ps and worker:0
-    watch it and end on it), and worker:1, which ignores it, is stopped after --drain-grace."""
+    """SIGTERM to the launcher drains: the notice file reaches the workers (worker:0 watches it
+    and ends on it), worker:1, which ignores it, is stopped after --drain-grace; the ps, which
+    serves them, is stopped once they ended."""
     inventory, runs_dir = local_env
     launcher = launcher_process(inventory, runs_dir, "--drain-grace", "3", "--stop-grace", "3",
-                                env={"FAKE_WORKER_0": "drain", "FAKE_PS_0": "drain"})
+                                env={"FAKE_WORKER_0": "drain"})
     out, err = signalled(launcher, signal.SIGTERM, runs_dir)
     assert launcher.returncode == 130, err
     assert "SIGTERM received: draining every task" in out
-    assert "termination notice to every task (SIGTERM): they get 3s" in out
-    assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGTERM")
+    assert "termination notice to every task but the servers (SIGTERM): they get 3s to " \
+        "checkpoint and end; then ps:0, serving them, stops" in out, out
+    assert_drained(run_record(runs_dir), runs_dir, ["worker:0"], ["worker:1", "ps:0"], "SIGTERM")
 
 
 def test_a_closed_terminal_drains_and_tears_down(local_env):
     """The launcher's terminal closes (a pty whose other side is closed: SIGHUP, then writes
-    that fail): every task gets the notice, nothing runs on past --drain-grace and --stop-grace,
+    that fail): the workers get the notice, nothing runs on past --drain-grace and --stop-grace,
     and run.json reads as ended. Before, the tasks lived on until their lease ran out."""
     import fcntl
     import pty
@@ -213,7 +215,7 @@ def test_a_closed_terminal_drains_and_tears_down(local_env):
         cwd=REPO, stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
         # Its own session, with the pty as its controlling terminal, as a login shell's.
         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
-        env=fake_env({"FAKE_WORKER_0": "drain", "FAKE_PS_0": "drain"}))
+        env=fake_env({"FAKE_WORKER_0": "drain"}))
     os.close(terminal)
     shown = []
 
@@ -241,7 +243,7 @@ def test_a_closed_terminal_drains_and_tears_down(local_env):
     assert b"tfcluster: run " in b"".join(shown)  # the launcher wrote to its terminal
     assert gone < 3 + 3, "tasks ran %.1fs after the terminal closed" % gone
     assert launcher.returncode == 130
-    assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGHUP")
+    assert_drained(run_record(runs_dir), runs_dir, ["worker:0"], ["worker:1", "ps:0"], "SIGHUP")
 
 
 def test_sigterm_drains_multi_worker_mirrored_to_one_checkpoint_a_resume_goes_on_from(local_env):
@@ -282,7 +284,7 @@ def test_sigterm_drains_multi_worker_mirrored_to_one_checkpoint_a_resume_goes_on
 def test_drain_of_a_run_its_launcher_follows_goes_through_the_launcher(local_env):
     inventory, runs_dir = local_env
     launcher = launcher_process(inventory, runs_dir, "--drain-grace", "3", "--stop-grace", "3",
-                                env={"FAKE_WORKER_0": "drain", "FAKE_PS_0": "drain"})
+                                env={"FAKE_WORKER_0": "drain"})
     try:
         record = wait_running(runs_dir)
         drain = tfcluster("drain", runs_dir=runs_dir, check=0)
@@ -293,20 +295,20 @@ def test_drain_of_a_run_its_launcher_follows_goes_through_the_launcher(local_env
         in drain.stdout
     assert "run %s: interrupted" % record["id"] in drain.stdout
     assert launcher.returncode == 130 and "SIGTERM received: draining every task" in out, err
-    assert_drained(run_record(runs_dir), runs_dir, ["ps:0", "worker:0"], ["worker:1"], "SIGTERM")
+    assert_drained(run_record(runs_dir), runs_dir, ["worker:0"], ["worker:1", "ps:0"], "SIGTERM")
 
 
 def test_drain_of_a_detached_run(local_env):
     inventory, runs_dir = local_env
     tfcluster("launch", "--cmd", FAKE, "-i", inventory, "--ps", "1", "--workers", "2",
               "--chief", "0", "--detach", "--run-id", "bg", runs_dir=runs_dir,
-              env={"FAKE_WORKER_0": "drain", "FAKE_WORKER_1": "forever", "FAKE_PS_0": "drain"},
-              check=0)
+              env={"FAKE_WORKER_0": "drain", "FAKE_WORKER_1": "forever"}, check=0)
     drain = tfcluster("drain", "bg", "--drain-grace", "3", "--grace", "3", runs_dir=runs_dir,
                       check=0)
-    assert "termination notice to every task (tfcluster drain): they get 3s" in drain.stdout
+    assert "termination notice to every task but the servers (tfcluster drain): they get 3s" \
+        in drain.stdout, drain.stdout
     assert "run bg: stopped; no task left running, ports free" in drain.stdout
-    assert_drained(run_record(runs_dir, "bg"), runs_dir, ["ps:0", "worker:0"], ["worker:1"],
+    assert_drained(run_record(runs_dir, "bg"), runs_dir, ["worker:0"], ["worker:1", "ps:0"],
                    "tfcluster drain", state="stopped")
 
 

@@ -2,7 +2,7 @@
 
 ps tasks listen on their TF_CONFIG port until stopped. Workers behave as FAKE_<JOB>_<INDEX>
 says: "exit:N:S" exits with N after S seconds, "forever" runs until stopped; the default is exit 0
-after 1 s. Each task prints its TF_CONFIG task and the result line. "drain" (a ps too) runs until
+after 1 s. Each task prints its TF_CONFIG task and the result line. "drain" (a ps too, which tfcluster gives no notice of its own) runs until
 the termination notice appears ($TFCLUSTER_DRAIN_FILE), then says so and exits 42, as a trainer
 that checkpointed on it.
 """
