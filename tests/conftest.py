@@ -29,16 +29,13 @@ if os.environ.get("CPU_OF_CGROUP"):  # under scripts/cpu-of: each test's CPU sec
 
 # scripts/testsuite runs the main session as two shards side by side (TFCLUSTER_TEST_SHARD):
 # "rest" the tests that need root or the test hosts (one set per machine), "local" the others
-# but the containers: the fast tier and the TensorFlow launches on this machine. A file of
-# local launches goes to "rest" so that the shards take about as long (CI run of 4b3f121: rest
-# 1633 s, local 1216 s, with the fast tier, about 100-170 s in one process, still in "rest").
+# but the containers: the fast tier and the TensorFlow launches on this machine.
 SHARDS = ("local", "rest")
-LOCAL_TO_REST = {"test_cifar10.py"}
 
 
 def shard_of(item):
     local = (not item.get_closest_marker("root") and not item.get_closest_marker("docker")
-             and "testhosts" not in item.fixturenames and item.path.name not in LOCAL_TO_REST)
+             and "testhosts" not in item.fixturenames)
     return "local" if local else "rest"
 
 

@@ -26,9 +26,9 @@ DRAIN_REFUSED_FILE = "drain-refused.json"
 
 def stop_tasks(hosts, cluster, grace, skip=(), drain=None, serving=()):
     """Stop every task of the run on every reachable machine; returns the leftovers, if any.
-    DRAIN (a Drain): every task gets the termination notice first, and its seconds to end; the
-    tasks of SERVING (labels: they serve the others and never end by themselves) are stopped
-    once the others have ended, since those may checkpoint through them."""
+    DRAIN (a Drain): the tasks get the termination notice first, and its seconds to end, but
+    for those of SERVING (labels: they serve the others and never end by themselves), which are
+    stopped once the others have ended, since those may checkpoint through them."""
     leftovers = ["%s: unreachable, its tasks stop themselves when their lease runs out"
                  % m.label for m, _ in cluster.machines() if m.key in skip]
     tasks = [t for t in cluster.tasks if t.machine.key not in skip]
