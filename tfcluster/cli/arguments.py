@@ -124,9 +124,9 @@ def build_parser(only=None):
     p = sub.add_parser("stop", help="stop every task of a run, collect its logs")
     p.add_argument("run", nargs="?", type=run_id, help="run id (default: the newest running one)")
     add_stop_grace(p, "--grace")
-    p = sub.add_parser("drain", help="give every task of a run the termination notice (they "
-                                     "checkpoint and end), then stop it; or a host's tasks, "
-                                     "then move them to a spare")
+    p = sub.add_parser("drain", help="give the tasks of a run that train the termination "
+                                     "notice (they checkpoint and end), then stop it; or a "
+                                     "host's tasks, then move them to a spare")
     p.add_argument("run", nargs="?", type=run_id, metavar="RUN|HOST",
                    help="run id (default: the newest running one), or a host of a running run "
                         "whose launcher moves its tasks to a spare")

@@ -16,7 +16,7 @@ from tfcluster.errors import (PreflightError, RunFailed, RunInterrupted, RunStal
                               RunTimedOut, TfclusterError, UsageError)
 from tfcluster.hosts.fanout import Hosts
 from tfcluster.runs.metrics import MetricsStore, efficiency_lines
-from tfcluster.launch.monitor import Monitor, policy_met, tracked
+from tfcluster.launch.monitor import Monitor, chief_trains_alone, policy_met, tracked
 from tfcluster.launch.recovery import Recovery
 from tfcluster.launch.plan import launch_counts, make_cluster
 from tfcluster.launch.profiling import ProfileAt, check_profile_at
@@ -254,7 +254,7 @@ class Launch(Recovery):
         succeeded, the workers only served it (ParameterServerStrategy): stop them at once."""
         if self.options.finish_grace is not None:
             return self.options.finish_grace
-        if self.options.example.success == "chief" and self.cluster.job_tasks("chief"):
+        if chief_trains_alone(self.cluster, self.options.example.success):
             return 0.0
         return DEFAULT_FINISH_GRACE
 

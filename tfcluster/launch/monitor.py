@@ -226,11 +226,16 @@ def policy_tasks(cluster, policy):
     return chief + workers
 
 
+def chief_trains_alone(cluster, policy):
+    """A run whose chief alone trains, its workers serving it (ParameterServerStrategy)."""
+    return policy == "chief" and bool(cluster.job_tasks("chief"))
+
+
 def serving_tasks(cluster, policy):
     """The tasks that serve the others and end only when stopped: every ps, and the workers of
-    a run whose chief alone trains (ParameterServerStrategy)."""
-    chief_trains = policy == "chief" and bool(cluster.job_tasks("chief"))
-    return [t for t in cluster.tasks if t.job == "ps" or (chief_trains and t.job == "worker")]
+    a run whose chief alone trains."""
+    alone = chief_trains_alone(cluster, policy)
+    return [t for t in cluster.tasks if t.job == "ps" or (alone and t.job == "worker")]
 
 
 def policy_met(cluster, states, policy):
