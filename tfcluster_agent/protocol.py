@@ -100,6 +100,13 @@ CLUSTER_FILE_ENV = "TFCLUSTER_CLUSTER_FILE"
 CLUSTER_FILE = "cluster.json"
 
 
+# ---------------------------------------------------------------- the stall watch
+
+# The shortest stall_after the watch takes (watch_stalls, tfcluster_agent/stall.py), which the
+# controller checks its settings against: a stall shorter than this could not be seen in time.
+MIN_STALL_AFTER = 1.0
+
+
 # ---------------------------------------------------------------- task names
 
 def task_label(job, index):

@@ -58,12 +58,9 @@ class Resumed:
     why: str        # output | CPU
 
 
-MIN_STALL_AFTER = 1.0  # the shortest look: a stall shorter than this could not be seen in time
-
-
 def poll_interval(stall_after):
     """Seconds between two looks: a stall is seen at most this late."""
-    return min(5.0, max(MIN_STALL_AFTER, stall_after / 10.0))
+    return min(5.0, max(P.MIN_STALL_AFTER, stall_after / 10.0))
 
 
 def cpu_threshold(stall_after):

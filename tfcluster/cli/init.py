@@ -7,12 +7,17 @@ asks on a terminal. `--sample` copies the
 full sample inventory instead (a GPU cluster, group_vars/ by topic), which the wheel carries.
 """
 import contextlib
+import getpass
 import os
 import re
 import shutil
 import sys
 
+import yaml
+
+from tfcluster.deploy.playbook import find_content
 from tfcluster.errors import UsageError
+from tfcluster.spec.catalog import load_catalog, unfit
 from tfcluster_agent.clusterspec import host_problem, normal_host
 
 INVENTORY = "hosts.yml"
@@ -110,7 +115,6 @@ def file_path(path, folder):
 
 def yaml_flow(value):
     """VALUE as one line of YAML, quoted where YAML needs it (a YAML writer, not formatting)."""
-    import yaml
 
     class Dumper(yaml.SafeDumper):
         pass
@@ -159,7 +163,6 @@ def inventory_text(hosts, user, key, known_hosts, layout="ps"):
 
 def fitting_examples(layout, workers):
     """The built-in examples an inventory of LAYOUT with WORKERS worker slots runs."""
-    from tfcluster.spec.catalog import load_catalog, unfit
     tasks = {"worker": workers, "ps": 1} if layout == "ps" else {"worker": workers}
     return ", ".join(name for name, example in load_catalog().items()
                      if unfit(example, tasks) is None)
@@ -214,7 +217,6 @@ def run(args):
         if known and re.search(r"\s", known):
             raise UsageError("--known-hosts %s: a path with white space cannot go into SSH's "
                              "options: copy the file to a path without spaces" % known)
-        import getpass
         text = inventory_text(hosts, user or getpass.getuser(), key, known, args.layout)
         write_aside(target, text)
     first = ("every host a worker" if args.layout == "mwms" else "ps0 on %s" % hosts[0][1])
@@ -285,7 +287,6 @@ def ask_layout():
 
 
 def copy_sample(folder, force):
-    from tfcluster.deploy.playbook import find_content
     sample = os.path.join(find_content()[1], "inventory", "sample")
     if not os.path.isdir(sample):
         raise UsageError("no sample inventory at %s: reinstall tfcluster from its wheel" % sample)

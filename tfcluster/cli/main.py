@@ -47,7 +47,9 @@ def main(argv=None):
     trainer_args = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     try:
-        parser = build_parser(named_command(argv, COMMANDS))  # imports a command's module
+        # Imports the named command's module; with none named (`tfcluster --help`, a mistyped
+        # command) the list of commands is all argparse needs.
+        parser = build_parser(named_command(argv, COMMANDS) or "")
         args, rest = parser.parse_known_args(argv)
         # A command's list of positionals may come after its options too (`init DIR --user U
         # HOST ...`): argparse leaves those over.

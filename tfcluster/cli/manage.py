@@ -1,7 +1,10 @@
 """Runs after launch: status, logs, stop, history. They work from run.json and the agents, so they
 also work after the launcher was killed or when it ran with --detach; when a host's agent is gone
 its run folder's records still tell."""
+import json
 import os
+import signal
+import time
 
 from tfcluster.gpus import claims as gpuqueue
 from tfcluster.runs import metrics
@@ -188,8 +191,6 @@ def drain(runs_dir, run_id=None, grace=10.0, drain_grace=30.0, reporter=None, ti
     if not launcher_following(record):
         return stop(runs_dir, record.id, grace, reporter,
                     drain=Drain(drain_grace, "tfcluster drain"))
-    import signal
-    import time
     pid = record.launcher["pid"]
     reporter.note("run %s: its launcher (pid %d) drains it" % (record.id, pid))
     os.kill(pid, signal.SIGTERM)
@@ -215,8 +216,6 @@ def drain_host(record, host, reporter, timeout=600):
         raise UsageError("drain %s: run %s has no launcher following it (--detach), and only "
                          "a launcher moves tasks to a spare: `tfcluster drain %s` drains the "
                          "whole run" % (host, record.id, record.id))
-    import json
-    import time
     moves = len(record.moves)
     answer = os.path.join(record.dir, DRAIN_REFUSED_FILE)
     if os.path.exists(answer):

@@ -6,6 +6,8 @@ import os
 import sys
 
 from tfcluster.errors import UsageError
+from tfcluster.runs.store import check_run_id
+from tfcluster_agent.protocol import MIN_STALL_AFTER
 
 
 def terminal_columns():
@@ -89,7 +91,6 @@ def threads(text):
 
 
 def run_id(text):
-    from tfcluster.runs.store import check_run_id
     try:
         return check_run_id(text)
     except UsageError as err:
@@ -138,8 +139,7 @@ class Unbuilt:
 
 
 def named_command(argv, commands):
-    """The command of COMMANDS that ARGV names, found without argparse; None when unsure (every
-    command's parser is built then, and argparse says what is wrong)."""
+    """The command of COMMANDS that ARGV names, found without argparse; None when it names none."""
     takes_value = False
     for token in argv:
         if takes_value:
@@ -153,7 +153,6 @@ def named_command(argv, commands):
 
 def stall_seconds(text):
     """--stall-after: seconds, 0 to turn the watch off; no less than the watch can see."""
-    from tfcluster_agent.stall import MIN_STALL_AFTER
     value = _seconds(text)
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError("must be 0 (off) or more seconds, not %r" % text)

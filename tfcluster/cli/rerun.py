@@ -6,13 +6,13 @@ import shlex
 
 from tfcluster.cli.arguments import build_parser
 from tfcluster.cli.commands import cmd_launch, env_file, env_item
+from tfcluster.cli.parse import run_id
 from tfcluster.errors import UsageError
 from tfcluster.runs import store as runs
 from tfcluster.runs.provenance import HIDDEN, launch_arguments
 
 
 def add_arguments(parser):
-    from tfcluster.cli.parse import run_id
     parser.add_argument("run", metavar="RUN", help="run id")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="the value of a variable RUN got through --env, which no record "

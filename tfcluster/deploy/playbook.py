@@ -13,6 +13,8 @@ import sys
 
 import tfcluster
 from tfcluster.errors import UsageError
+from tfcluster.hosts import sshfiles
+from tfcluster.hosts.inventory import load_slots
 from tfcluster.spec.catalog import inventory_shape, load_catalog
 from tfcluster.spec.cluster import job_counts
 
@@ -121,7 +123,6 @@ def check_inventory(inventory, playbook="deploy"):
     if not os.path.exists(inventory):
         raise UsageError("inventory %s: no such file or folder (pass -i INVENTORY, e.g. the "
                          "hosts.yml that `tfcluster init` writes)" % inventory)
-    from tfcluster.hosts.inventory import load_slots
     slots = load_slots(inventory)
     if playbook not in PROVISIONING:
         return
@@ -144,7 +145,6 @@ def run(args):
     print("tfcluster: ansible-playbook %s"
           % shown(playbook_command(args, collections_dir, root)[4:]), flush=True)
     import subprocess  # here: `tfcluster` reads PLAYBOOKS for every command's --help
-    from tfcluster.hosts import sshfiles
     # Relative SSH key and known_hosts paths are read from the inventory's folder, as the
     # launcher reads them, not from the folder ansible-playbook runs in.
     with sshfiles.overlay(args.inventory) as paths:

@@ -26,6 +26,8 @@ import time
 from tfcluster.spec.catalog import code_root
 from tfcluster.errors import PreflightError, UsageError
 from tfcluster.hosts.fanout import Hosts
+from tfcluster.hosts.inventory import require_slots
+from tfcluster.launch.preflight import runs_this_checkout
 from tfcluster_agent.codesync import FORMAT
 from tfcluster_agent.hostcode import code_hash, definition, packages, skipped
 
@@ -196,7 +198,6 @@ def one_writer_per_root(targets, tokens):
 def targets_of(slots, user_code):
     """One target per machine; local slots running this checkout need none. USER_CODE (a
     controller folder) wins over each slot's tfcluster_code_dir."""
-    from tfcluster.launch.preflight import runs_this_checkout
     targets = {}
     for slot in slots:
         machine = slot.machine
@@ -223,7 +224,6 @@ def targets_of(slots, user_code):
 def sync(inventory, user_code=None, out=print):
     """`tfcluster sync`: every machine of INVENTORY up to date; PreflightError naming each
     machine that could not be, after trying them all."""
-    from tfcluster.hosts.inventory import require_slots
     slots = require_slots(inventory)
     targets = targets_of(slots, user_code)
     by_key = {t.machine.key: t for t in targets}

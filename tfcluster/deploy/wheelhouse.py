@@ -46,16 +46,21 @@ checkout or wheel this tfcluster runs from. Standard library only: scripts/wheel
 with any Python 3.
 """
 import argparse
+import json
 import os
-
 import re
 import shutil
 import sys
+import tempfile
 import time
 
 import tfcluster
+from tfcluster.deploy import wheelrecord
+from tfcluster.deploy.packcache import locked
 from tfcluster.deploy.playbook import controller_dir, find_content
+from tfcluster.deploy.wheelpack import build_pack, call
 from tfcluster.errors import TfclusterError, UsageError
+from tfcluster.runs.store import folder_for
 
 # The header line the tensorflow role checks against tensorflow_version.
 HEADER = "# tfcluster_tf_version: %s"
@@ -218,10 +223,6 @@ def locked_version(path):
 
 
 def lock(args):
-    import json
-    import tempfile
-    from tfcluster.runs.store import folder_for
-    from tfcluster.deploy.wheelpack import call
     with folder_for(os.path.dirname(os.path.abspath(args.constraints)), "--constraints' folder"), \
             tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
@@ -274,7 +275,6 @@ def run(args):
     if not os.path.isfile(args.constraints):  # a mistyped path must not start a full lock
         raise UsageError("no constraints file %s: check the path, or pass --lock to write a new "
                          "one" % args.constraints)
-    from tfcluster.runs.store import folder_for
     with folder_for(args.dest, "--dest"):
         if locked_version(args.constraints) != args.tf_version:
             lock(args)
@@ -283,14 +283,11 @@ def run(args):
         with folder_for(args.pack_cache, "the pack cache (--pack-cache or $%s)" % PACK_CACHE_ENV):
             # Held from the download on: the second of two wheelhouses started together finds
             # the first's pack in the cache instead of building the same one beside it.
-            from tfcluster.deploy.packcache import locked
             with locked(args.pack_cache):
                 return download_and_pack(args)
 
 
 def download_and_pack(args):
-    # Here, not at the top: `tfcluster` builds every command's parser (add_arguments) each start.
-    from tfcluster.deploy.wheelpack import build_pack
     download(args)
     return build_pack(args) if args.pack else 0
 
@@ -298,8 +295,6 @@ def download_and_pack(args):
 def download(args):
     """The two `pip download`s, unless DEST's record (tfcluster/deploy/wheelrecord.py) says they ran
     with these inputs and left every wheel still there."""
-    from tfcluster.deploy import wheelrecord
-    from tfcluster.deploy.wheelpack import call
     started = time.monotonic()
     inputs = wheelrecord.inputs(args)
     wheels = wheelrecord.up_to_date(args.dest, inputs)

@@ -13,6 +13,9 @@ from tfcluster.diagnosis import STALL, Cause, wording
 from tfcluster.runs.store import host_run_dir, write_private
 from tfcluster.spec.cluster import TRAINING_JOBS
 
+# The agent's stall watch and stacks.py are imported by the functions that use them: `tfcluster
+# status` and `runs` import this module and need neither.
+
 DEFAULT_STALL_AFTER = 120.0
 WAITING = "CreateSession"  # in StallFollower.stalled: stalled by its repeated wait lines
 

@@ -10,7 +10,7 @@ could not give is handed out with a warning (docs/gpus.md).
 import re
 
 from tfcluster.errors import Problem
-from tfcluster.spec.cluster import TRAINING_JOBS
+from tfcluster.spec.cluster import TRAINING_JOBS, Cluster
 from tfcluster_agent.values import replace
 
 GPU_LINE = re.compile(r"^GPU (\d+):")
@@ -142,7 +142,6 @@ def assign(cluster, reports, share=False):
 
     REPORTS is {machine.key: preflight report}; a report's "gpus" holds nvidia-smi -L lines
     and its "gpu_facts" what each GPU is doing (busy, unhealthy and claimed GPUs are skipped)."""
-    from tfcluster.spec.cluster import Cluster
     chosen = {}
     for machine, tasks in cluster.machines():
         gpus = usable(reports, machine, share)

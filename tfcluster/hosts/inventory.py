@@ -10,12 +10,15 @@ import os
 import pickle
 import re
 import sys
+from importlib.machinery import PathFinder
 
 from tfcluster.hosts import sshfiles
 from tfcluster.hosts.ansibleapi import ansible_api
 from tfcluster.errors import UsageError
 from tfcluster_agent import clusterspec
+from tfcluster_agent.cachedir import home_cache
 from tfcluster_agent.hostcode import sha256
+from tfcluster_agent.protocol import MIN_STALL_AFTER
 from tfcluster_agent.values import field, value_class
 
 JOBS = ("chief", "worker", "ps", "evaluator")
@@ -138,7 +141,6 @@ def load_slots(path):
     launch's overhead: the slots of an inventory whose files have not changed (and that uses no
     lookups, plugins or scripts) come from tfcluster's cache folder (~/.cache/tfcluster:
     tfcluster_agent/cachedir.py)."""
-    from tfcluster_agent.cachedir import home_cache
     key = _cache_key(path)
     folder = home_cache() if key else None
     cache = os.path.join(folder, "inventory-%s.pickle" % key) if folder else None
@@ -191,7 +193,6 @@ def _cache_key(path):
         return None
     digest = sha256()
     try:
-        from importlib.machinery import PathFinder
         ansible = PathFinder.find_spec("ansible")  # its version, without importing it
         with open(os.path.join(os.path.dirname(ansible.origin), "release.py"), "rb") as handle:
             ansible_version = handle.read()
@@ -335,7 +336,6 @@ def _seconds(value, name, hostname, zero=None):
 
 
 def _stall_after(value, hostname):
-    from tfcluster_agent.stall import MIN_STALL_AFTER
     seconds = _seconds(value, "tfcluster_stall_after", hostname, zero="0 turns the watch off")
     if 0 < seconds < MIN_STALL_AFTER:
         raise UsageError("host %s: tfcluster_stall_after must be 0 (off) or at least %g s (how "

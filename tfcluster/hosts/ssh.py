@@ -9,6 +9,7 @@ _files = {}  # (reader, path, mtime, size, inode) -> what it read
 
 def ssh_connection(machine):
     """A Fabric connection to MACHINE, not yet open, that trusts only the host keys known for it."""
+    # Fabric and paramiko here and below: commands that reach no host never pay for them.
     import fabric
     import paramiko
     connect_kwargs = {"banner_timeout": machine.connect_timeout,

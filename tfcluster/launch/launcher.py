@@ -5,6 +5,7 @@ to the same teardown, and no process of the run stays on any host.
 """
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -20,6 +21,7 @@ from tfcluster.launch.monitor import Monitor, chief_trains_alone, policy_met, tr
 from tfcluster.launch.recovery import Recovery
 from tfcluster.launch.plan import launch_counts, make_cluster
 from tfcluster.launch.profiling import ProfileAt, check_profile_at
+from tfcluster.view.diff import rerun_warnings
 from tfcluster.view.plot import write_run_svg
 from tfcluster.launch.preflight import (check_checkpoint_folder, check_spares,
                                         controller_code_hash, preflight, print_preflight)
@@ -131,7 +133,6 @@ class Launch(Recovery):
             # at least one sees the other.
             check_checkpoint_folder(options.runs_dir, options.resume, self.run_id)
         except (OSError, PreflightError) as err:
-            import shutil  # here: bz2, lzma and fnmatch, a cost of every launch's start
             shutil.rmtree(self.record.dir, ignore_errors=True)
             if isinstance(err, PreflightError):
                 raise
@@ -139,7 +140,6 @@ class Launch(Recovery):
                              "another --runs-dir; nothing was started" % (
                                  self.record.dir, err.strerror or err)) from None
         if rerun_of:
-            from tfcluster.view.diff import rerun_warnings
             for line in rerun_warnings(rerun_of, self.record):
                 self.reporter.note("warning: " + line)
         self.metrics = MetricsStore(self.record.dir)

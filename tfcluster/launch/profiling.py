@@ -8,10 +8,13 @@ tensorboard RUN` serves to the profile plugin. A task that cannot be traced is n
 import base64
 import json
 import os
+import threading
 import time
 
 from tfcluster.errors import UsageError
+from tfcluster.hosts.fanout import Hosts
 from tfcluster.runs.store import host_run_dir, write_private
+from tfcluster_agent.profiler import ProfileFiles, StartProfilers, TraceProfile
 
 DEFAULT_DURATION = 2.0
 MIN_DURATION = 0.1
@@ -81,7 +84,6 @@ class Profile:
 
 def start_servers(hosts, tasks, run_id):
     """({label: "host:port" of its profiler server}, {label: why none})."""
-    from tfcluster_agent.profiler import StartProfilers
     machines = {}
     for task in tasks:
         if task.port:
@@ -122,7 +124,6 @@ def trace_file_task(path, servers):
 
 def take_profile(hosts, tasks, run_id, record_dir, duration):
     """Start the servers, trace them all for DURATION seconds, keep the files: a Profile."""
-    from tfcluster_agent.profiler import TraceProfile
     stamp = time.strftime("%Y%m%d-%H%M%S")
     profile = Profile(os.path.join(record_dir, "profile", stamp))
     servers, profile.problems = start_servers(hosts, tasks, run_id)
@@ -173,7 +174,6 @@ def other_hosts_files(hosts, tasks, servers, tracer, run_id, stamp, where):
     """The files each traced host other than TRACER wrote: a profiler server writes its trace
     on its own host, under the folder the client named (the tracer's). A host whose run folder
     is elsewhere kept them outside its run folder: WHERE says so for its tasks."""
-    from tfcluster_agent.profiler import ProfileFiles
     folder = "%s/profile/%s" % (host_run_dir(tracer, run_id), stamp)
     machines, problems = {}, {}
     for task in tasks:
@@ -252,14 +252,12 @@ class ProfileAt:
         steps = [p.get("step") for p in latest.values() if isinstance(p.get("step"), int)]
         if not steps or max(steps) < self.step:
             return
-        import threading
         self.reporter.note("step %d reached: tracing every task for %gs (--profile-at)"
                            % (max(steps), self.duration))
         self.thread = threading.Thread(target=self._take, daemon=True)
         self.thread.start()
 
     def _take(self):
-        from tfcluster.hosts.fanout import Hosts
         tasks = list(self.cluster.tasks)
         try:
             with Hosts([m for m, _ in self.cluster.machines()]) as hosts:

@@ -1,7 +1,9 @@
 """The end of a run: stop every task on every machine in parallel, collect what was not streamed
 (TensorBoard events), write the run's records and print the summary."""
+import base64
 import os
 import signal
+import stat
 import threading
 
 from tfcluster.runs import store as runs
@@ -100,8 +102,6 @@ def collect_files(hosts, cluster, record_dir, skip=()):
         files = []
         link.request(P.Collect(folders=list(COLLECTED_FOLDERS)), timeout=120,
                      what="to send its files", collect=files)
-        if files:
-            import base64  # here: a run without event files decodes none
         for item in files:
             local = safe_join(record_dir, item.path)
             os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -209,7 +209,6 @@ def silence_terminal():
     """After SIGHUP the terminal is gone and writing to it fails (EIO): the standard streams
     that were a terminal write to /dev/null from here on, so the teardown runs to its end. (A
     hung-up terminal is no longer a tty to isatty: a character device is what it still is.)"""
-    import stat
     null = None
     for fd in (1, 2):
         try:

@@ -4,6 +4,7 @@ changes in runs/ID/code.diff), the command line and the environment the tasks go
 own facts are their preflight's, kept in the record's machines: RECORDED_FACTS)."""
 import os
 
+from tfcluster import __version__
 from tfcluster_agent.values import field, fields, value_class
 
 HIDDEN = "<hidden>"        # an --env value, which no file or log holds
@@ -103,7 +104,7 @@ class Checkout:
         # Only a checkout's own top: an installed tfcluster may sit in someone's repository.
         self._thread = None
         if os.path.exists(os.path.join(root, ".git")):
-            import threading
+            import threading  # here, as subprocess below: most commands only read records
             self._thread = threading.Thread(target=self._ask, daemon=True)
             self._thread.start()
 
@@ -174,7 +175,6 @@ class Checkout:
 
 def make(checkout, command_line, specs, hidden_names, reports, rerun_of=None):
     """The run's Provenance, once CHECKOUT (a Checkout) has answered."""
-    from tfcluster import __version__
     checkout.wait()
     env, per_task = task_environment(specs, hidden_names)
     return Provenance(commit=checkout.commit, dirty=checkout.dirty,

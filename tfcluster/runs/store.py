@@ -8,6 +8,7 @@ import time
 
 from tfcluster.errors import UsageError
 from tfcluster.runs.record import RecordError, RunRecord
+from tfcluster_agent import cachedir
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
@@ -89,7 +90,6 @@ def keep_caches(runs_dir):
     (XDG_CACHE_HOME, which they inherit), and without a usable home Ansible and Keras get
     theirs there (ANSIBLE_HOME, KERAS_HOME: each would fail, or as root make the missing home).
     The warning says so, once."""
-    from tfcluster_agent import cachedir
     folder, warning = cachedir.cache_folder(os.path.abspath(os.path.join(runs_dir, ".cache")))
     if warning:
         print("tfcluster: warning: " + warning, file=sys.stderr, flush=True)
@@ -101,7 +101,7 @@ def keep_caches(runs_dir):
             if folder:
                 os.environ["ANSIBLE_HOME"] = os.path.join(folder, "ansible")
             else:  # Ansible makes (and removes) a private folder of its own in it
-                import tempfile
+                import tempfile  # here: only where no home can hold the cache
                 os.environ["ANSIBLE_LOCAL_TMP"] = tempfile.gettempdir()
 
 

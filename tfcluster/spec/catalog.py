@@ -1,9 +1,13 @@
 """The examples catalog (tfcluster/spec/catalog.yml) and per-task command rendering."""
+import argparse
 import functools
+import importlib
 import json
 import os
 import re
 import shlex
+
+import trainers
 from tfcluster.errors import UsageError
 from tfcluster_agent.values import value_class
 
@@ -15,7 +19,6 @@ CATALOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "catalog.yml"
 
 
 def trainers_dir():
-    import trainers
     return os.path.dirname(os.path.abspath(trainers.__file__))
 
 
@@ -91,7 +94,7 @@ def custom_example(command, success):
 
 @functools.lru_cache(maxsize=None)
 def _jinja():
-    import jinja2
+    import jinja2  # here: a --cmd launch renders no template
     return jinja2, jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
 
 
@@ -151,7 +154,6 @@ def moves_whole(example, user_args=(), smoke=False):
     found = TRAINER_MODULE.search(example.command)
     if not example.sync_when or not found:
         return False
-    import importlib
     parser = importlib.import_module(found.group(1)).build_parser()
     given = shlex.split((example.smoke if smoke else example.args) or "") + list(user_args)
     parsed, _ = parser.parse_known_args(given)
@@ -179,9 +181,7 @@ def check_trainer_args(example, user_args):
     found = TRAINER_MODULE.search(example.command)
     if not user_args or not found:
         return  # nothing given, or a program of the user's
-    import argparse
-    import difflib
-    import importlib
+    import difflib  # here: only a mistyped trainer argument is matched
     module = found.group(1)
     parser = importlib.import_module(module).build_parser()
     parser.prog = "python -m " + module  # what its --help shows

@@ -10,7 +10,7 @@ def make_reporter(plain=False, verbose=False, logs=False, stream=None):
     stream = stream or sys.stdout
     if plain or logs or not (hasattr(stream, "isatty") and stream.isatty()):
         return PlainReporter(stream, verbose=verbose)
-    from rich.console import Console
+    from rich.console import Console  # here: only the live view draws with rich
     from tfcluster.view.live import LiveReporter
     console = Console(file=stream)
     if console.is_dumb_terminal:
