@@ -18,7 +18,7 @@ from support.cpulimit import cpu_hierarchy, cpu_limited, throttled
 from support.procs import wait_for
 from support.cli import Launch
 
-pytestmark = [pytest.mark.slow, pytest.mark.root]
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.cgroup]
 
 TRIES = 1
 CORES = 0.1
