@@ -32,6 +32,18 @@ def test_missing_tf_keras_is_named():
     assert len(hints) == 1 and "tf-keras" in hints[0]
 
 
+def test_a_step_refused_as_a_repeated_request_names_restarts():
+    # worker:0's log when the ps refused its step (mnist_replica, TensorFlow 2.21, one of two
+    # processes of the run the ps aborted).
+    log = ("tensorflow.python.framework.errors_impl.CancelledError: Graph execution error:\n"
+           "ABORTED: From /job:ps/replica:0/task:0:\n"
+           "The same RunGraph (Worker) request was received twice. goo.gle/debugstr    "
+           "graph_handle: \"0000000000000005\" step_id: 25205348973160265\n")
+    hints = hints_for([log])
+    assert len(hints) == 1 and "--restarts N" in hints[0] and "not the program" in hints[0]
+    assert hints_for([log.replace("received twice", "received")]) == []
+
+
 def test_print_hints_reads_the_logs_it_is_given(tmp_path, capsys):
     (tmp_path / "worker-0.log").write_text("x" * 300000 + KERAS3_MWMS)
     (tmp_path / "worker-1.log").write_text(KERAS3_MWMS)

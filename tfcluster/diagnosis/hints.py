@@ -25,6 +25,11 @@ HINTS = (
     ((r"No module named 'tf_keras'",),
      "TF_USE_LEGACY_KERAS=1 needs the tf-keras package: deploy again (`tfcluster deploy`) "
      "or pip install tf-keras at the TensorFlow version"),
+    # TF1 sessions: a ps refused a step's RunGraph as a request id it had seen recently.
+    ((r"The same \w+ \(\w+\) request was received twice",),
+     "TensorFlow's check for repeated requests refused a step (\"request was received twice\"): "
+     "TensorFlow's runtime failed, not the program, at random in long runs with many steps a "
+     "second; relaunch with --restarts N and tfcluster restarts the failed task"),
 )
 @functools.lru_cache(maxsize=1)
 def compiled():
