@@ -113,10 +113,13 @@ def restarts_of(runs_dir, run_id):
 def profile_in_a_row(launcher, runs_dir, run_id, record, count, xplane):
     """COUNT profiles of every task of the run in a row: each returns, with every task's step
     events in its trace. One that a task's restart cut short is taken again after it."""
+    def profile():
+        return tfcluster("profile", run_id, "--duration", str(DURATION), runs_dir=runs_dir,
+                         timeout=120)
+
     for attempt in range(count):
         restarts = restarts_of(runs_dir, run_id)
-        done = tfcluster("profile", run_id, "--duration", str(DURATION), runs_dir=runs_dir,
-                         timeout=120)
+        done = profile()
         if done.returncode != 0:
             try:
                 wait_for(lambda: restarts_of(runs_dir, run_id) > restarts, 20, "a restart")
@@ -125,8 +128,7 @@ def profile_in_a_row(launcher, runs_dir, run_id, record, count, xplane):
             else:
                 label = run_record(runs_dir, run_id)["restart_log"][-1]["task"]
                 launcher.when(r"\[%s .*\] step \d+" % label, 120, after=time.monotonic())
-                done = tfcluster("profile", run_id, "--duration", str(DURATION),
-                                 runs_dir=runs_dir, timeout=120)
+                done = profile()
         assert done.returncode == 0, (attempt, done.stderr, launcher.text()[-6000:])
         assert_every_task_traced(record, done.stdout + done.stderr, xplane)
 
