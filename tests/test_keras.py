@@ -47,19 +47,22 @@ def test_keras3_multi_worker_failure_names_the_fix(local_env):
     assert_run_clean(run_record(runs_dir, "k3"))
 
 
-def test_trainers_import_tensorflow_without_keras_and_keep_tf_keras_usable():
-    """bootstrap.import_tensorflow leaves tf-keras unimported (TensorFlow's eager import of its
-    optimizers skipped) and the collector running; tf.keras and `import tensorflow.keras` then
-    load tf-keras, as after a plain import."""
+@pytest.mark.parametrize("legacy", ["1", ""])
+def test_trainers_import_tensorflow_without_keras_and_keep_tf_keras_usable(legacy):
+    """bootstrap.import_tensorflow leaves Keras 3, tf-keras and scikit-learn unimported
+    (TensorFlow's eager import of Keras's optimizers skipped) and the collector running;
+    tf.keras and `import tensorflow.keras` then load tf-keras (TF_USE_LEGACY_KERAS=1) or Keras 3,
+    as after a plain import."""
     probe = ("import gc, sys; from trainers.common import bootstrap; bootstrap.import_tensorflow(); "
-             "print('tf_keras' in sys.modules, gc.isenabled()); "
+             "print(sorted({'keras', 'tf_keras', 'sklearn'} & set(sys.modules)), gc.isenabled()); "
              "import tensorflow as tf, tensorflow.keras as k; "
              "print(k.__file__.split('site-packages/')[1], tf.keras.layers.Dense.__module__)")
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    env = dict(os.environ, TF_USE_LEGACY_KERAS=legacy, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = proc.stdout.splitlines()[-2:]
-    assert before == "False True", proc.stdout
-    assert after.split() == ["tf_keras/api/_v2/keras/__init__.py",
-                             "tf_keras.src.layers.core.dense"], proc.stdout
+    assert before == "[] True", proc.stdout
+    expected = (["tf_keras/api/_v2/keras/__init__.py", "tf_keras.src.layers.core.dense"] if legacy
+                else ["keras/_tf_keras/keras/__init__.py", "keras.src.layers.core.dense"])
+    assert after.split() == expected, proc.stdout

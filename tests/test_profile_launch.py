@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 STEP_EVENTS = ("RunGraph", "SessionRun", "train_step", "FunctionRun",
                "KernelAndDeviceFunc::RunAsync")
 PROFILES = 10
-DURATION = 2.0
+DURATION = 1.0
 # Now and then a long TF1 run's ps refuses a step as a repeated request ("The same RunGraph
 # (Worker) request was received twice"; docs/hangs.md: most likely TensorFlow's request ids,
 # drawn by threads seeded with 32 bits, a new thread per step), for which tfcluster's hint is

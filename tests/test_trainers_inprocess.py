@@ -53,6 +53,7 @@ def tf():
     """TensorFlow, with 2 logical CPU devices when this process has not used its devices yet
     (the tower trainers' default); quiet."""
     bootstrap.quiet_tensorflow()
+    bootstrap.import_tensorflow()  # as a trainer imports it
     import tensorflow
     try:
         towers.make_devices(2)

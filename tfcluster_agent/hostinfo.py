@@ -186,7 +186,7 @@ def python_report(python, cache_dir=None, import_seconds=120):
             pass  # a damaged cache entry is checked again
     import subprocess
     # As the trainers import it (bootstrap.import_tensorflow).
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_USE_LEGACY_KERAS="1")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     from tfcluster_agent.cachedir import keep_keras_home
     keep_keras_home(cache_dir, env)
     try:

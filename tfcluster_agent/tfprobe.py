@@ -21,11 +21,12 @@ def locate():
 
 
 def import_tensorflow():
-    """As trainers/common/bootstrap.import_tensorflow: without Keras 3 or tf-keras's optimizers,
-    without the cycle collector's passes over the import's objects."""
+    """As trainers/common/bootstrap.import_tensorflow: without Keras 3 or tf-keras (their
+    optimizers, which TensorFlow's __init__ imports when it can), without the cycle collector's
+    passes over the import's objects."""
     import gc
     gc.disable()
-    sys.modules["tf_keras"] = None
+    sys.modules["keras"] = sys.modules["tf_keras"] = None
     import tensorflow as tf
     return "%s\n%s" % (tf.__version__, sys.version.split()[0])
 

@@ -242,10 +242,6 @@ def main_guard(main):
     environment; Ctrl-C exits 130. A SystemExit message (bad flags, missing data) prints and
     exits 1, without a traceback."""
     quiet_tensorflow()
-    # The trainers use no Keras, yet `import tensorflow` loads Keras 3's optimizers, and with
-    # them scikit-learn and matplotlib: ~1.4 s of CPU in every task. With TF_USE_LEGACY_KERAS it
-    # loads tf-keras's instead (cheaper), or nothing where tf-keras is not installed.
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     try:
         return main(sys.argv[1:], os.environ)
     except KeyboardInterrupt:
@@ -253,31 +249,44 @@ def main_guard(main):
 
 
 def import_tensorflow():
-    """Imports TensorFlow for a trainer (none uses Keras), at about two thirds of its CPU cost:
+    """Imports TensorFlow for a trainer (none uses Keras), at about half its CPU cost:
     - Python's cycle collector paused, and what the import made kept out of later collections
       (gc.freeze): the collector's passes were a quarter of the import's CPU seconds (perf);
-    - without the eager import of tf-keras's optimizers in TensorFlow's __init__ (~500 modules,
-      ~0.6 s of CPU), which it skips when Keras cannot be imported: tf_keras is unimportable
-      for the import's duration only, so `tf.keras` still loads on first use."""
+    - without the eager import of Keras's optimizers in TensorFlow's __init__, which it skips when
+      Keras cannot be imported. Keras 3 brings scikit-learn and SciPy with it (its scikit-learn
+      wrappers; the trainers' digits come with scikit-learn), tf-keras ~500 modules of its own:
+      together about a third of the import (benchmarks/RESULTS.md). Both are unimportable for
+      the import's duration only, so `tf.keras` still loads on first use, as after a plain
+      import."""
     import gc
-    import importlib.util
+    blocked = [name for name in KERAS_PACKAGES if name not in sys.modules]
     gc.disable()
-    blocked = "tf_keras" not in sys.modules
-    if blocked:
-        sys.modules["tf_keras"] = None
+    for name in blocked:
+        sys.modules[name] = None
     try:
         import tensorflow as tf
     finally:
-        if blocked:
-            del sys.modules["tf_keras"]
+        for name in blocked:
+            del sys.modules[name]
         gc.freeze()
         gc.enable()
-    if None in tf.__path__:
-        # Where `import tensorflow.keras` finds tf-keras's API, as an unblocked import sets it.
-        spec = importlib.util.find_spec("tf_keras")
-        if spec and spec.submodule_search_locations:
-            tf.__path__[tf.__path__.index(None)] = os.path.join(
-                spec.submodule_search_locations[0], "api", "_v2")
+    restore_keras_paths(tf)
+
+
+# Keras 3 and tf-keras (TF_USE_LEGACY_KERAS=1).
+KERAS_PACKAGES = ("keras", "tf_keras")
+
+
+def restore_keras_paths(tf):
+    """The folders TensorFlow's __init__ puts first in tf.__path__, where `import
+    tensorflow.keras` finds Keras's API; None in those it looked up while Keras was blocked."""
+    from tensorflow.python.tools import module_util
+    legacy = getattr(tf, "_tf_uses_legacy_keras", False)  # its reading of TF_USE_LEGACY_KERAS
+    # __init__ prepends "keras._tf_keras.keras"'s parent, then the Keras API's in front of it.
+    wanted = ("tf_keras.api._v2.keras" if legacy else "keras.api._v2.keras", "keras._tf_keras.keras")
+    for index, name in enumerate(wanted):
+        if len(tf.__path__) > index and tf.__path__[index] is None:
+            tf.__path__[index] = module_util.get_parent_dir_for_name(name)
 
 
 def graph_mode():
