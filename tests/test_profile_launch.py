@@ -236,7 +236,8 @@ def test_profile_a_tf1_replica_run_on_the_test_hosts(testhosts, tmp_path):
                         "hosts", "--", "--train_steps=10000000", "--log_every=20")
     try:
         launcher.when(r"\[worker:1 .*\] step [1-9]\d*", 300)
-        done = tfcluster("profile", "hosts", "--duration", "2", runs_dir=runs_dir, timeout=120)
+        done = tfcluster("profile", "hosts", "--duration", str(DURATION), runs_dir=runs_dir,
+                         timeout=120)
         assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
         record = run_record(runs_dir, "hosts")
         traced = assert_every_task_traced(record, done.stdout + done.stderr, xplane_module())
