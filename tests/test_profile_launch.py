@@ -89,10 +89,25 @@ def launch_and_profile(tmp_path, example, counts, profile_at, run_id, program=No
     launcher = Launcher(runs_dir, "-i", str(inventory), "--run-id", run_id,
                         "--profile-at", str(profile_at), *extra, *program)
     try:
-        launcher.when(r"tfcluster: profile of %d task\(s\) in " % sum(counts.values()), 300)
+        launcher.when(r"tfcluster: profile of \d+ task\(s\) in ", 300)
         record = run_record(runs_dir, run_id)
         xplane = xplane_module()
-        assert_the_plugin_shows_steps(assert_every_task_traced(record, launcher.text(), xplane))
+        output = launcher.text()
+        traced = traces_of(output)
+        if sorted(traced) != sorted(record["tasks"]):
+            # A task's restart cut the trace short (the TF1 run's repeated request alone: the
+            # test checks each restart's cause at its end). What it traced has its steps, and
+            # the whole run is traced once the restarted task trains again.
+            wait_for(lambda: run_record(runs_dir, run_id)["restart_log"], 20,
+                     "the restart that cut the trace short: %s" % output[-3000:])
+            assert all(sum(step_events(path, xplane).values()) > 0 for path in traced.values())
+            label = run_record(runs_dir, run_id)["restart_log"][-1]["task"]
+            launcher.when(r"\[%s .*\] step \d+" % label, 120, after=time.monotonic())
+            done = tfcluster("profile", run_id, "--duration", str(DURATION), runs_dir=runs_dir,
+                             timeout=120)
+            assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
+            output = done.stdout + done.stderr
+        assert_the_plugin_shows_steps(assert_every_task_traced(record, output, xplane))
     except BaseException:
         launcher.kill()
         raise
