@@ -98,13 +98,9 @@ def launch_and_profile(tmp_path, example, counts, profile_at, run_id, program=No
             # A task's restart cut the trace short (the TF1 run's repeated request alone: the
             # test checks each restart's cause at its end). What it traced has its steps, and
             # the whole run is traced once the restarted task trains again.
-            wait_for(lambda: run_record(runs_dir, run_id)["restart_log"], 20,
-                     "the restart that cut the trace short: %s" % output[-3000:])
             assert all(sum(step_events(path, xplane).values()) > 0 for path in traced.values())
-            label = run_record(runs_dir, run_id)["restart_log"][-1]["task"]
-            launcher.when(r"\[%s .*\] step \d+" % label, 120, after=time.monotonic())
-            done = tfcluster("profile", run_id, "--duration", str(DURATION), runs_dir=runs_dir,
-                             timeout=120)
+            done = profile_after_a_restart(launcher, runs_dir, run_id, 0)
+            assert done is not None, "no restart cut the trace short:\n" + output[-3000:]
             assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
             output = done.stdout + done.stderr
         assert_the_plugin_shows_steps(assert_every_task_traced(record, output, xplane))
@@ -125,25 +121,32 @@ def restarts_of(runs_dir, run_id):
     return len(run_record(runs_dir, run_id)["restart_log"])
 
 
+def profile(runs_dir, run_id):
+    """`tfcluster profile RUN_ID` of every task, DURATION seconds."""
+    return tfcluster("profile", run_id, "--duration", str(DURATION), runs_dir=runs_dir,
+                     timeout=120)
+
+
+def profile_after_a_restart(launcher, runs_dir, run_id, restarts):
+    """A profile of the run once it has more than RESTARTS restarts and the task restarted last
+    trains again; None when no restart came within 20 s."""
+    try:
+        wait_for(lambda: restarts_of(runs_dir, run_id) > restarts, 20, "a restart")
+    except AssertionError:
+        return None
+    label = run_record(runs_dir, run_id)["restart_log"][-1]["task"]
+    launcher.when(r"\[%s .*\] step \d+" % label, 120, after=time.monotonic())
+    return profile(runs_dir, run_id)
+
+
 def profile_in_a_row(launcher, runs_dir, run_id, record, count, xplane):
     """COUNT profiles of every task of the run in a row: each returns, with every task's step
     events in its trace. One that a task's restart cut short is taken again after it."""
-    def profile():
-        return tfcluster("profile", run_id, "--duration", str(DURATION), runs_dir=runs_dir,
-                         timeout=120)
-
     for attempt in range(count):
         restarts = restarts_of(runs_dir, run_id)
-        done = profile()
+        done = profile(runs_dir, run_id)
         if done.returncode != 0:
-            try:
-                wait_for(lambda: restarts_of(runs_dir, run_id) > restarts, 20, "a restart")
-            except AssertionError:
-                pass  # no restart: the failure stands
-            else:
-                label = run_record(runs_dir, run_id)["restart_log"][-1]["task"]
-                launcher.when(r"\[%s .*\] step \d+" % label, 120, after=time.monotonic())
-                done = profile()
+            done = profile_after_a_restart(launcher, runs_dir, run_id, restarts) or done
         assert done.returncode == 0, (attempt, done.stderr, launcher.text()[-6000:])
         assert_every_task_traced(record, done.stdout + done.stderr, xplane)
 
@@ -210,7 +213,7 @@ def test_profile_a_parameter_server_strategy_run_ten_times(tmp_path):
     launcher, runs_dir, record, xplane = launch_and_profile(
         tmp_path, "ps_strategy", dict(ps=2, workers=2, chief=1), 200, "pss")
     try:
-        done = tfcluster("profile", "pss", "--duration", "1", "--tasks", "chief:0,ps:1",
+        done = tfcluster("profile", "pss", "--duration", str(DURATION), "--tasks", "chief:0,ps:1",
                          runs_dir=runs_dir, timeout=120)
         assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
         assert sorted(traces_of(done.stdout + done.stderr)) == ["chief:0", "ps:1"]
@@ -251,8 +254,7 @@ def test_profile_a_tf1_replica_run_on_the_test_hosts(testhosts, tmp_path):
                         "hosts", "--", "--train_steps=10000000", "--log_every=20")
     try:
         launcher.when(r"\[worker:1 .*\] step [1-9]\d*", 300)
-        done = tfcluster("profile", "hosts", "--duration", str(DURATION), runs_dir=runs_dir,
-                         timeout=120)
+        done = profile(runs_dir, "hosts")
         assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
         record = run_record(runs_dir, "hosts")
         traced = assert_every_task_traced(record, done.stdout + done.stderr, xplane_module())

@@ -248,6 +248,10 @@ def main_guard(main):
         return 130
 
 
+# Keras 3 and tf-keras (TF_USE_LEGACY_KERAS=1).
+KERAS_PACKAGES = ("keras", "tf_keras")
+
+
 def import_tensorflow():
     """Imports TensorFlow for a trainer (none uses Keras), at about half its CPU cost:
     - Python's cycle collector paused, and what the import made kept out of later collections
@@ -271,10 +275,6 @@ def import_tensorflow():
         gc.freeze()
         gc.enable()
     restore_keras_paths(tf)
-
-
-# Keras 3 and tf-keras (TF_USE_LEGACY_KERAS=1).
-KERAS_PACKAGES = ("keras", "tf_keras")
 
 
 def restore_keras_paths(tf):
