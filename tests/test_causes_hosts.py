@@ -12,8 +12,7 @@ import time
 import pytest
 
 from support import REPO
-from support.cli import Launch, assert_run_clean, run_record, tfcluster
-from support.procs import wait_for
+from support.cli import Launch, assert_run_clean, run_record, tfcluster, wait_running
 from support.ssh import ssh_inventory
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -68,8 +67,7 @@ def test_a_ps_fenced_mid_run_is_named_from_each_waiting_workers_host(testhosts, 
                     "--plain", "--env", "PEER_WORKER_0=" + waiting,
                     "--env", "PEER_WORKER_1=" + waiting)
     try:
-        wait_for(lambda: os.path.exists(runs_dir) and os.listdir(runs_dir) and
-                 run_record(runs_dir).get("state") == "running", 90, "the run to be running")
+        wait_running(runs_dir)
         launch.line(r"^\[ps:0 %s\] listening on %d" % (re.escape(ps), PS_PORT), 30,
                     "the ps to listen")
         plant()

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from support import REPO
-from support.cli import assert_run_clean, run_record, stopped_by_lease, tfcluster
+from support.cli import assert_run_clean, run_record, stopped_by_lease, tfcluster, wait_running
 from support.procs import pid_alive, processes_matching, wait_for
 
 pytestmark = pytest.mark.slow  # every case is a real launch of several processes
@@ -28,16 +28,6 @@ def launch_in_background(inventory, runs_dir, *extra, env=None):
                             text=True, env=environ)
 
 
-def running_record(runs_dir):
-    def ready():
-        try:
-            record = run_record(runs_dir)
-        except (AssertionError, OSError, ValueError):
-            return None
-        return record if record.get("state") == "running" else None
-    return wait_for(ready, 90, "the run to be running")
-
-
 def kill_task(record, label, sig=signal.SIGKILL):
     os.killpg(record["tasks"][label]["pid"], sig)
 
@@ -47,7 +37,7 @@ def test_a_task_killed_mid_run_fails_the_run_naming_it(local_env, victim):
     inventory, runs_dir = local_env
     launcher = launch_in_background(inventory, runs_dir)
     try:
-        record = running_record(runs_dir)
+        record = wait_running(runs_dir)
         ps_log = os.path.join(runs_dir, record["id"], "ps-0.log")
         wait_for(lambda: os.path.exists(ps_log) and "listening" in open(ps_log).read(), 60,
                  "the ps to listen")
@@ -73,7 +63,7 @@ def test_a_killed_worker_with_restarts_rejoins_and_the_run_succeeds(local_env, t
                                     env={"FAKE_WORKER_1": "foreveronce:%s" % marker,
                                          "FAKE_WORKER_0": "exit:0:1"})
     try:
-        record = running_record(runs_dir)
+        record = wait_running(runs_dir)
         wait_for(marker.exists, 60, "worker:1 to run")
         kill_task(record, "worker:1")
         out, err = launcher.communicate(timeout=120)
@@ -176,7 +166,7 @@ def test_a_stale_run_record_is_closed_by_stop(local_env):
     inventory, runs_dir = local_env
     launcher = launch_in_background(inventory, runs_dir)  # the default lease, 60 s
     try:
-        record = running_record(runs_dir)
+        record = wait_running(runs_dir)
         launcher.kill()
         launcher.wait(timeout=30)
         wait_for(lambda: stopped_by_lease(record), 60, "the lease to stop the tasks")

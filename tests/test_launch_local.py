@@ -9,7 +9,7 @@ import pytest
 
 
 from support import REPO
-from support.cli import assert_run_clean, run_record, tfcluster
+from support.cli import assert_run_clean, run_record, tfcluster, wait_running
 from support.procs import pid_alive, wait_for
 
 pytestmark = pytest.mark.slow  # real launches, TensorFlow in two of them
@@ -134,16 +134,6 @@ def launcher_process(inventory, runs_dir, *extra, env=None, example=None, traine
                                           trainer_args=trainer_args),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=fake_env(env))
-
-
-def wait_running(runs_dir):
-    def running():
-        try:
-            return run_record(runs_dir)["state"] == "running"
-        except (AssertionError, OSError, ValueError):
-            return False
-    wait_for(running, 90, "the run to be running")
-    return run_record(runs_dir)
 
 
 def signalled(launcher, signum, runs_dir):

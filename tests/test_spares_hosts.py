@@ -11,7 +11,7 @@ import time
 import pytest
 
 from support import REPO
-from support.cli import metrics_points, run_record, tfcluster
+from support.cli import metrics_points, run_record, tfcluster, wait_running
 from support.moves import assert_fails_naming_the_lost_machine, assert_moved_once
 from support.procs import wait_for
 from support.testhosts import HostSet, exclusive
@@ -149,8 +149,7 @@ def test_a_cut_link_without_a_spare_fails_the_run_naming_the_machine(four_hosts,
     path = inventory(hosts, tmp_path, {"worker": [1, 2, 3]})
     launcher = launch(runs_dir, "--cmd", "sleep 600", "-i", path, "--run-id", "nospare")
     try:
-        wait_for(lambda: os.path.exists(runs_dir) and os.listdir(runs_dir) and
-                 run_record(runs_dir, "nospare").get("state") == "running", 120, "running")
+        wait_running(runs_dir, "nospare", 120)
     except BaseException:
         launcher.kill()
         raise

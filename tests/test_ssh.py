@@ -7,8 +7,8 @@ import time
 import pytest
 
 from support import REPO
-from support.cli import assert_run_clean, run_record, tfcluster
-from support.procs import processes_of_run
+from support.cli import assert_run_clean, run_record, tfcluster, wait_running
+from support.procs import processes_of_run, wait_for
 from support.ssh import ssh_inventory
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -105,13 +105,7 @@ def test_a_host_cut_off_mid_run_fails_the_run_and_the_others_are_stopped(testhos
                                 stderr=subprocess.PIPE, text=True)
     cut_name, cut_address = testhosts.hosts[2]
     try:
-        def running():
-            try:
-                return run_record(runs_dir, "cut").get("state") == "running"
-            except (AssertionError, OSError, ValueError):
-                return False
-        from support.procs import wait_for
-        wait_for(running, 60, "the run to be running")
+        wait_running(runs_dir, "cut", 60)
         testhosts.link(3, "down")
         cut_at = time.monotonic()
         out, err = launcher.communicate(timeout=120)

@@ -77,6 +77,23 @@ def run_record(runs_dir, run_id=None):
         return json.load(handle)
 
 
+def written_record(runs_dir, run_id=None):
+    """run_record(RUNS_DIR, RUN_ID), or None while there is none yet: the launcher makes the
+    runs folder, then the run's folder, then its run.json."""
+    try:
+        return run_record(runs_dir, run_id)
+    except (AssertionError, FileNotFoundError):
+        return None
+
+
+def wait_running(runs_dir, run_id=None, timeout=90):
+    """The record of run RUN_ID (the newest by default) once its state is "running"."""
+    def running():
+        record = written_record(runs_dir, run_id)
+        return record if record and record.get("state") == "running" else None
+    return wait_for(running, timeout, "the run to be running")
+
+
 def assert_pictures_drawn(runs_dir):
     """Every ended run in RUNS_DIR with metrics points has its metrics.svg: the launcher (or
     `tfcluster stop`) writes it before it returns."""
