@@ -85,6 +85,24 @@ def test_a_healthy_run_on_contended_cores_names_nobody():
     assert diagnosis.report() == ([], {})
 
 
+def test_a_warm_up_and_one_odd_point_on_a_slow_machine_name_nobody():
+    """Points every 3 s (a loaded machine): worker:1's first figure holds its warm-up (4x the
+    others'), and later one of worker:2's points caught a burst of other work. Averaged over a
+    10 s window either would make the others wait over a fifth of each step for 5 s."""
+    cluster, diagnosis, console = workers()
+    rng = random.Random(3)
+    even = {"worker:0": 1.2, "worker:1": 1.2, "worker:2": 1.2}
+    now, named = feed(diagnosis, cluster.tasks, dict(even, **{"worker:1": 4.8}), 1000.0, 3,
+                      every=3)
+    now, found = feed(diagnosis, cluster.tasks, even, now, 30, every=3, jitter=0.1, rng=rng)
+    named += found
+    now, found = feed(diagnosis, cluster.tasks, dict(even, **{"worker:2": 4.8}), now, 3,
+                      every=3)
+    named += found
+    now, found = feed(diagnosis, cluster.tasks, even, now, 30, every=3, jitter=0.1, rng=rng)
+    assert named + found == [] and console.getvalue() == ""
+
+
 def test_the_mark_holds_until_the_wait_falls_under_the_lower_mark():
     cluster, diagnosis, console = workers()
     busy = {"worker:0": 0.5, "worker:1": 0.5, "worker:2": 1.0}

@@ -13,11 +13,13 @@ Both compare waiting, not speed: on a machine whose cores the workers share, a w
 for a CPU is not waiting for its peers.
 
 A run is judged only while its training tasks' rates (the examples_per_s they report, else
-stragglers.StragglerWatch.rates) agree within SYNCHRONOUS (asynchronous workers do not wait for each other). The slowest task is marked
-once every other task has waited at least WAIT_MARK of each step for it, over the last WINDOW_S
-seconds of points, for HOLD_S seconds in a row; it stays marked until the others' median wait
-falls under WAIT_CLEAR or another task becomes the slowest (hysteresis: a healthy run's noise
-marks nobody).
+stragglers.StragglerWatch.rates) agree within SYNCHRONOUS (asynchronous workers do not wait for
+each other). Each task's figure is the median of its points of the last WINDOW_S seconds (at
+least MIN_POINTS of them), once it has reported for WINDOW_S (a task's first seconds, its
+warm-up, are not like the rest). The slowest task is marked once every other task has waited at least
+WAIT_MARK of each step for it, for HOLD_S seconds in a row; it stays marked until the others'
+median wait falls under WAIT_CLEAR or another task becomes the slowest (hysteresis: a healthy
+run's noise marks nobody).
 """
 import time
 
@@ -31,6 +33,7 @@ WAIT_MARK = 0.2     # of each step, by every other task: the slowest one is mark
 WAIT_CLEAR = 0.1    # of each step, the others' median: the mark goes
 SYNCHRONOUS = 0.8   # the slowest rate over the fastest: the tasks step together
 MIN_BUSY = 0.05     # busy seconds per second of the busiest task: under it nobody computes
+MIN_POINTS = 3      # each task's figures judged at least: the median of fewer is one odd point
 
 
 class SlowestWatch(MarkedTasks):
@@ -43,12 +46,14 @@ class SlowestWatch(MarkedTasks):
         super().__init__(reporter)
         self.window, self.hold = window, hold
         self.points = {}      # label -> [(time, busy, wait, examples_per_s)] of its recent points
+        self.first = {}       # label -> the time of its first point: its warm-up is a window long
         self.candidate = None  # (label, since): the busiest, the others waiting enough
 
     def started(self, task):
         if task.job in TRAINING_JOBS:
             self.running[task.label] = task
             self.points.pop(task.label, None)
+            self.first.pop(task.label, None)
 
     def ended(self, task, now=None):
         self._unmark(task.label, now or time.time(), quiet=True)
@@ -61,21 +66,28 @@ class SlowestWatch(MarkedTasks):
             return
         now = now or time.time()
         points = self.points.setdefault(task.label, [])
+        self.first.setdefault(task.label, now)
         points.append((now, *figures))
-        while len(points) > 1 and points[0][0] < now - self.window:
-            points.pop(0)  # the newest point stays: a task that reports rarely is still judged
+        while len(points) > MIN_POINTS and points[0][0] < now - self.window:
+            points.pop(0)  # the newest few stay: a task that reports rarely is still judged
 
     def waits(self, rates, now):
         """(the slowest task's label, {other label: share of each step it waits for it}), or
         None when the running tasks cannot be compared now: fewer than two, a figure missing,
-        rates that differ (not synchronous) or nobody computing."""
+        rates that differ (not synchronous) or nobody computing. Each figure is the median of
+        the window's points: one odd point (a task's first, which holds its warm-up, or one that
+        a burst of the machine's other work fell into) moves it little."""
+        import statistics  # here: decimal, fractions and random cost `tfcluster runs` ~20 ms
         busy, wait, reported = {}, {}, {}
         for label in self.running:
-            points = [p for p in self.points.get(label, ()) if p[0] >= now - 3 * self.window]
+            points = self.points.get(label, ())
+            if not points or points[-1][0] < now - 3 * self.window \
+                    or self.first[label] > now - self.window:
+                continue  # no figures, none of late, or its first window: not comparable
             for found, index in ((busy, 1), (wait, 2), (reported, 3)):
                 figures = [p[index] for p in points if p[index] is not None]
-                if figures:
-                    found[label] = sum(figures) / len(figures)
+                if len(figures) >= MIN_POINTS:
+                    found[label] = statistics.median(figures)
         if len(reported) == len(self.running):
             rates = reported  # the tasks' own rates: a window of few points counts them unevenly
         if len(self.running) < 2 or set(rates) != set(self.running) or min(rates.values()) <= 0 \
