@@ -1,8 +1,13 @@
 """The slowest worker of synchronous training, from synthetic metrics points (the fast tier): the
 busy figure the trainers report, the Diagnosis that compares it and the summary (the live row:
 test_causes.py). A real 3-worker run with one worker under a CPU limit: test_slowest_launch.py."""
+import json
+import os
 import random
+import subprocess
+import sys
 
+from support import REPO
 from support.fakehosts import cluster_of, monitor_of
 from tfcluster.diagnosis import SLOWEST
 from tfcluster.diagnosis.slowest import HOLD_S, WINDOW_S
@@ -162,3 +167,26 @@ def test_busy_seconds_sum_what_the_threads_ran_and_waited(tmp_path):
     assert busy_seconds(str(tmp_path / "absent")) is None
     assert busy_seconds() > 0  # this process's own threads
 
+
+
+def test_the_replay_script_names_the_worker_in_a_runs_points_and_refuses_a_bad_folder(tmp_path):
+    """scripts/slowest-replay reads a run folder's metrics.jsonl as the launcher would."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    busy = {"worker:0": 1.0, "worker:1": 1.0, "worker:2": 1.0}
+    with open(run_dir / "metrics.jsonl", "w") as handle:
+        for second in range(60):
+            if second == 30:
+                busy.update({"worker:0": 0.5, "worker:1": 0.6})
+            for label, figure in busy.items():
+                handle.write(json.dumps({"task": label, "time": 1000.0 + second, "step": second,
+                                         "examples_per_s": EXAMPLES_PER_S, "busy": figure}) + "\n")
+    script = os.path.join(REPO, "scripts", "slowest-replay")
+    done = subprocess.run([sys.executable, script, str(run_dir)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "worker:2 is the slowest: the others wait 45% of each step for it" in done.stdout
+    assert "peaked at 0.400 for worker:2" in done.stdout
+    bad = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "has no metrics.jsonl" in bad.stderr

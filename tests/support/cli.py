@@ -173,7 +173,11 @@ class Launch:
         return wait_for(found, timeout, what, interval=0.2)
 
     def end(self, timeout=90):
-        self.proc.wait(timeout)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the launch still runs after %gs; its last lines:\n%s"
+                                 % (timeout, "".join(self.lines[-40:]))) from None
         self.reader.join(10)
         return "".join(self.lines)
 
