@@ -16,10 +16,10 @@ A run is judged only while its training tasks' rates (the examples_per_s they re
 stragglers.StragglerWatch.rates) agree within SYNCHRONOUS (asynchronous workers do not wait for
 each other). Each task's figure is the median of its points of the last WINDOW_S seconds (at
 least MIN_POINTS of them), once it has reported for WINDOW_S (a task's first seconds, its
-warm-up, are not like the rest). The slowest task is marked once every other task has waited at least
-WAIT_MARK of each step for it, for HOLD_S seconds in a row; it stays marked until the others'
-median wait falls under WAIT_CLEAR or another task becomes the slowest (hysteresis: a healthy
-run's noise marks nobody).
+warm-up, are not like the rest). The slowest task is marked once every other task has waited
+at least WAIT_MARK of each step for it, for HOLD_S seconds in a row; it stays marked until the
+others' median wait falls under WAIT_CLEAR or another task becomes the slowest (hysteresis: a
+healthy run's noise marks nobody).
 """
 import time
 
@@ -77,7 +77,7 @@ class SlowestWatch(MarkedTasks):
         rates that differ (not synchronous) or nobody computing. Each figure is the median of
         the window's points: one odd point (a task's first, which holds its warm-up, or one that
         a burst of the machine's other work fell into) moves it little."""
-        import statistics  # here: decimal, fractions and random cost `tfcluster runs` ~20 ms
+        import statistics  # here, as in tick()
         busy, wait, reported = {}, {}, {}
         for label in self.running:
             points = self.points.get(label, ())
