@@ -108,6 +108,18 @@ def test_a_warm_up_and_one_odd_point_on_a_slow_machine_name_nobody():
     assert named + found == [] and console.getvalue() == ""
 
 
+def test_by_busy_alone_the_others_must_wait_three_tenths_of_each_step():
+    """busy is the noisier figure: a 10 s window of a healthy SyncReplicas run's points can leave
+    one worker's median 19% over another's. A quarter names nobody, 35% does."""
+    cluster, diagnosis, console = workers()
+    busy = {"worker:0": 0.75, "worker:1": 0.75, "worker:2": 1.0}
+    now, named = feed(diagnosis, cluster.tasks, busy, 1000.0, 60)
+    assert named == [] and console.getvalue() == ""
+    busy.update({"worker:0": 0.65, "worker:1": 0.65})
+    now, named = feed(diagnosis, cluster.tasks, busy, now, 30)
+    assert [(c.kind, c.task) for c in named] == [(SLOWEST, cluster.find("worker:2"))]
+
+
 def test_the_mark_holds_until_the_wait_falls_under_the_lower_mark():
     cluster, diagnosis, console = workers()
     busy = {"worker:0": 0.5, "worker:1": 0.5, "worker:2": 1.0}

@@ -17,9 +17,10 @@ stragglers.StragglerWatch.rates) agree within SYNCHRONOUS (asynchronous workers 
 each other). Each task's figure is the median of its points of the last WINDOW_S seconds (at
 least MIN_POINTS of them), once it has reported for WINDOW_S (a task's first seconds, its
 warm-up, are not like the rest). The slowest task is marked once every other task has waited
-at least WAIT_MARK of each step for it, for HOLD_S seconds in a row; it stays marked until the
-others' median wait falls under WAIT_CLEAR or another task becomes the slowest (hysteresis: a
-healthy run's noise marks nobody).
+at least WAIT_MARK of each step for it (BUSY_MARK where busy alone decides: the threads' time
+is a noisier figure than a timed collective), for HOLD_S seconds in a row; it stays marked until
+the others' median wait falls under WAIT_CLEAR or another task becomes the slowest (hysteresis:
+a healthy run's noise marks nobody).
 """
 import time
 
@@ -30,6 +31,7 @@ from tfcluster.spec.cluster import TRAINING_JOBS
 WINDOW_S = 10.0
 HOLD_S = 5.0
 WAIT_MARK = 0.2     # of each step, by every other task: the slowest one is marked
+BUSY_MARK = 0.3     # the same, judged by busy alone: a healthy run's medians differ up to 0.19
 WAIT_CLEAR = 0.1    # of each step, the others' median: the mark goes
 SYNCHRONOUS = 0.8   # the slowest rate over the fastest: the tasks step together
 MIN_BUSY = 0.05     # busy seconds per second of the busiest task: under it nobody computes
@@ -72,9 +74,10 @@ class SlowestWatch(MarkedTasks):
             points.pop(0)  # the newest few stay: a task that reports rarely is still judged
 
     def waits(self, rates, now):
-        """(the slowest task's label, {other label: share of each step it waits for it}), or
-        None when the running tasks cannot be compared now: fewer than two, a figure missing,
-        rates that differ (not synchronous) or nobody computing. Each figure is the median of
+        """(the slowest task's label, {other label: share of each step it waits for it}, the
+        wait that marks it: WAIT_MARK or BUSY_MARK), or None when the running tasks cannot be
+        compared now: fewer than two, a figure missing, rates that differ (not synchronous) or
+        nobody computing. Each figure is the median of
         the window's points: one odd point (a task's first, which holds its warm-up, or one that
         a burst of the machine's other work fell into) moves it little."""
         import statistics  # here, as in tick()
@@ -96,12 +99,12 @@ class SlowestWatch(MarkedTasks):
         if len(wait) == len(self.running):
             slowest = min(wait, key=wait.get)
             return slowest, {label: share - wait[slowest] for label, share in wait.items()
-                             if label != slowest}
+                             if label != slowest}, WAIT_MARK
         if len(busy) < len(self.running) or max(busy.values()) < MIN_BUSY:
             return None
         slowest = max(busy, key=busy.get)
         return slowest, {label: 1.0 - share / busy[slowest] for label, share in busy.items()
-                         if label != slowest}
+                         if label != slowest}, BUSY_MARK
 
     def tick(self, rates, now=None):
         """Judge with RATES ({label: rate} of the running training tasks, stragglers.py); the
@@ -112,7 +115,7 @@ class SlowestWatch(MarkedTasks):
         if found is None:
             self.candidate = None
             return []  # nothing to judge by: a mark stays as it was
-        slowest, waits = found
+        slowest, waits, mark = found
         median = statistics.median(waits.values())
         if self.marked:
             marked, = self.marked
@@ -121,7 +124,7 @@ class SlowestWatch(MarkedTasks):
             else:
                 self._count(slowest, median)
                 return []
-        if min(waits.values()) < WAIT_MARK:
+        if min(waits.values()) < mark:
             self.candidate = None
             return []
         if self.candidate is None or self.candidate[0] != slowest:
