@@ -121,10 +121,10 @@ def restarts_of(runs_dir, run_id):
     return len(run_record(runs_dir, run_id)["restart_log"])
 
 
-def profile(runs_dir, run_id):
-    """`tfcluster profile RUN_ID` of every task, DURATION seconds."""
-    return tfcluster("profile", run_id, "--duration", str(DURATION), runs_dir=runs_dir,
-                     timeout=120)
+def profile(runs_dir, run_id, *options):
+    """`tfcluster profile RUN_ID` of every task (or those OPTIONS name), DURATION seconds."""
+    return tfcluster("profile", run_id, "--duration", str(DURATION), *options,
+                     runs_dir=runs_dir, timeout=120)
 
 
 def profile_after_a_restart(launcher, runs_dir, run_id, restarts):
@@ -213,8 +213,7 @@ def test_profile_a_parameter_server_strategy_run_ten_times(tmp_path):
     launcher, runs_dir, record, xplane = launch_and_profile(
         tmp_path, "ps_strategy", dict(ps=2, workers=2, chief=1), 200, "pss")
     try:
-        done = tfcluster("profile", "pss", "--duration", str(DURATION), "--tasks", "chief:0,ps:1",
-                         runs_dir=runs_dir, timeout=120)
+        done = profile(runs_dir, "pss", "--tasks", "chief:0,ps:1")
         assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
         assert sorted(traces_of(done.stdout + done.stderr)) == ["chief:0", "ps:1"]
         profile_in_a_row(launcher, runs_dir, "pss", record, PROFILES, xplane)
