@@ -4,9 +4,11 @@ only what changed, stale files deleted, trainers.sha256 kept right.
 The fast tests run the CLI in-process against a local slot whose tfcluster_root is a temporary
 folder (the same host script as over SSH, through a pipe), with a copy of the host packages as
 the controller's code. The SSH tests use the netns test hosts (root)."""
+import fcntl
 import os
 import shutil
 import sys
+import threading
 
 import pytest
 
@@ -17,6 +19,8 @@ from tfcluster.spec import catalog
 from tfcluster.data import fetch as datafetch
 from tfcluster.runs import record
 from tfcluster.deploy import sync
+from tfcluster.hosts.fanout import Hosts
+from tfcluster.hosts.inventory import Machine
 from tfcluster_agent import taskspec
 from tfcluster_agent.hostcode import code_hash, packages
 
@@ -173,6 +177,41 @@ def test_unreachable_host_is_named_exit_3(tmp_path, capsys, controller):
 def test_a_host_without_the_deploy_is_told_to_deploy(tmp_path, capsys, controller):
     got, _, err = run(capsys, "sync", "-i", host_inventory(tmp_path, tmp_path / "absent"))
     assert got == 3 and "no tfcluster_root %s: run the deploy first" % (tmp_path / "absent") in err, err
+
+
+def test_a_listing_after_installing_the_agent_waits_for_another_machines_install(
+        tmp_path, controller, monkeypatch):
+    """Machines sharing a root each install the agent when none answers. Once one has, its
+    listing must not import the modules while another's tar rewrites them (a half-written
+    module failed the listing): it waits for the lock that tar holds."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    machine = Machine(address="lab1", connection="local", python=sys.executable, root=str(root))
+    lock = open(root / ".sync-lock", "a")
+    real_install = sync.install_agent
+    unpacking = threading.Event()
+
+    def install_then_another_unpacks(link):
+        installed = real_install(link)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other machine's tar, under the lock
+        unpacking.set()
+        return installed
+
+    monkeypatch.setattr(sync, "install_agent", install_then_another_unpacks)
+    listed = []
+    with Hosts([machine]) as hosts:
+        lister = threading.Thread(target=lambda: listed.append(sync.list_target(
+            hosts.link(machine), ["tfcluster_agent"])))
+        try:
+            lister.start()
+            assert unpacking.wait(60)
+            lister.join(1.5)  # an unlocked listing takes a fraction of this
+            assert lister.is_alive() and not listed, "listed while the agent was being unpacked"
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
+        lister.join(60)
+    assert listed and "tfcluster_agent/agent.py" in listed[0][0]["areas"]["tfcluster_agent"]["files"]
 
 
 # ---------------------------------------------------------------- over SSH (netns test hosts)

@@ -1,7 +1,6 @@
 """ParameterServerStrategy under Keras's model.fit (tf-keras; Keras 3 has no such strategy), as
 a --cmd program: the chief fits, the workers and ps serve. STEPS steps in epochs of 20; each
 epoch prints a TFCLUSTER_METRIC point."""
-import json
 import os
 import sys
 

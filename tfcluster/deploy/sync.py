@@ -119,6 +119,11 @@ def _listing(code, out):
     return answer if isinstance(answer, dict) and answer.get("format") == FORMAT else None
 
 
+def _sync_lock(link):
+    """The lock file sync-apply takes (codesync.py), which guards the agent's unpacking too."""
+    return os.path.join(link.machine.root, ".sync-lock")
+
+
 def install_agent(link):
     """This controller's agent package into the machine's tfcluster_root, unpacked by tar(1)
     under the lock sync-apply takes (machines sharing the root may do it at once): the agent
@@ -129,8 +134,8 @@ def install_agent(link):
     folder = os.path.join(code_root(), AGENT_PACKAGE)
     files, _ = local_files(folder, AGENT_PACKAGE + "/")
     payload = tar_of({rel: os.path.join(folder, rel[len(AGENT_PACKAGE) + 1:]) for rel in files})
-    code, _, err = link.run(["flock", os.path.join(root, ".sync-lock"),
-                             "tar", "-x", "-f", "-", "-C", root], payload)
+    code, _, err = link.run(["flock", _sync_lock(link), "tar", "-x", "-f", "-", "-C", root],
+                            payload)
     if code != 0:
         lines = err.decode("utf-8", "replace").strip().splitlines() or ["exit %s" % code]
         raise SyncError("cannot unpack the agent into %s: %s" % (root, lines[-1]))
@@ -145,7 +150,9 @@ def list_target(link, areas):
     found, sent, size = _listing(*link.command(args)[:2]), [], 0
     if found is None:
         sent, size = install_agent(link)
-        code, out, err = link.command(args)
+        # Another machine sharing this root may be unpacking the agent over it right now: list
+        # once that is done, not while tar rewrites the modules this command imports.
+        code, out, err = link.command(args, shared_lock=_sync_lock(link))
         found = _listing(code, out)
         if found is None:
             raise SyncError(_command_error(code, err))

@@ -178,12 +178,14 @@ class AgentLink:
     # ------------------------------------------------------------ one-shot commands
     COMMAND_SECONDS = 120  # one command's answer (a tar of a large user folder included)
 
-    def command(self, args, stdin=b"", timeout=COMMAND_SECONDS):
+    def command(self, args, stdin=b"", timeout=COMMAND_SECONDS, shared_lock=None):
         """(exit code, stdout, stderr) of the agent's command ARGS (`sync-list ...`, its
         package's command line) on the machine, fed STDIN: a process of its own beside any
-        agent the link runs. HostError when the machine or its Python cannot be reached."""
-        code, out, err = self.run(agent_argv(self.machine.python, os.path.dirname(self.agent_path),
-                                             *args), stdin, timeout)
+        agent the link runs, holding a shared flock(1) of SHARED_LOCK (a path) where given.
+        HostError when the machine or its Python cannot be reached."""
+        argv = agent_argv(self.machine.python, os.path.dirname(self.agent_path), *args)
+        code, out, err = self.run(["flock", "-s", shared_lock, *argv] if shared_lock else argv,
+                                  stdin, timeout)
         if code == 127 or (code is None and self.machine.is_local):
             raise HostError(self.machine, no_python(self.machine))
         return code, out, err
