@@ -22,11 +22,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.cgroup]
 
 TRIES = 1
 CORES = 0.1
-# Each: the example, its ps tasks, its flags, the seconds of healthy training (all three at
-# full speed) before the first limit. The all-reduce has its own figure (`wait`); SyncReplicas
-# workers are judged by `busy` alone.
-SYNCHRONOUS = {"multi_worker_mirrored": ("multi_worker_mirrored", "0", [], 60),
-               "sync_replicas": ("mnist_replica", "1", ["--sync_replicas"], 30)}
+# Each: the example, its ps tasks, its flags. The all-reduce has its own figure (`wait`);
+# SyncReplicas workers are judged by `busy` alone.
+SYNCHRONOUS = {"multi_worker_mirrored": ("multi_worker_mirrored", "0", []),
+               "sync_replicas": ("mnist_replica", "1", ["--sync_replicas"])}
+# Healthy training (all three at full speed) before the first limit: the watch judges a task
+# once it has reported for its 10 s window, so about 20 s of judgments. The 10-minute healthy
+# runs are a measurement (benchmarks/RESULTS.md, scripts/slowest-replay).
+HEALTHY_S = 30
 NAMED_WITHIN_S = 30
 # Enough compute per step that the limit shows in the step time, not only the all-reduce.
 TRAINER = ["--train_steps=100000000", "--log_every=5", "--batch_size=1500", "--hidden_units=2048"]
@@ -102,12 +105,12 @@ def test_a_worker_held_to_a_tenth_of_a_core_is_named_within_30s_and_a_healthy_ru
     if os.geteuid() != 0 or cpu_hierarchy() is None:
         pytest.fail("needs root and a cgroup cpu controller (v2 cpu.max or v1 cpu) to limit "
                     "a worker's CPU")
-    example, ps, flags, healthy_s = SYNCHRONOUS[training]
+    example, ps, flags = SYNCHRONOUS[training]
     launch, tasks = launch_three_workers(*local_env, example, ps, flags)
     try:
         start = time.monotonic()
-        wait_for(lambda: time.monotonic() - start >= healthy_s or matches(launch, SLOWEST, 0),
-                 healthy_s + 5, "the healthy stretch")
+        wait_for(lambda: time.monotonic() - start >= HEALTHY_S or matches(launch, SLOWEST, 0),
+                 HEALTHY_S + 5, "the healthy stretch")
         assert matches(launch, SLOWEST, 0) == [], \
             "a healthy run named a slowest worker; its workers' busy figures:\n" + \
             busy_figures(local_env[1])
