@@ -180,7 +180,6 @@ def test_busy_seconds_sum_what_the_threads_ran_and_waited(tmp_path):
     assert busy_seconds() > 0  # this process's own threads
 
 
-
 def test_the_replay_script_names_the_worker_in_a_runs_points_and_refuses_a_bad_folder(tmp_path):
     """scripts/slowest-replay reads a run folder's metrics.jsonl as the launcher would."""
     run_dir = tmp_path / "run"

@@ -77,10 +77,10 @@ class SlowestWatch(MarkedTasks):
         """(the slowest task's label, {other label: share of each step it waits for it}, the
         wait that marks it: WAIT_MARK or BUSY_MARK), or None when the running tasks cannot be
         compared now: fewer than two, a figure missing, rates that differ (not synchronous) or
-        nobody computing. Each figure is the median of
-        the window's points: one odd point (a task's first, which holds its warm-up, or one that
-        a burst of the machine's other work fell into) moves it little."""
-        import statistics  # here, as in tick()
+        nobody computing. Each figure is the median of the window's points: one odd point (a
+        task's first, which holds its warm-up, or one that a burst of the machine's other work
+        fell into) moves it little."""
+        import statistics  # here, not at the top: its imports would cost `tfcluster runs`
         busy, wait, reported = {}, {}, {}
         for label in self.running:
             points = self.points.get(label, ())

@@ -182,7 +182,8 @@ class AgentLink:
         """(exit code, stdout, stderr) of the agent's command ARGS (`sync-list ...`, its
         package's command line) on the machine, fed STDIN: a process of its own beside any
         agent the link runs, holding a shared flock(1) of SHARED_LOCK (a path) where given.
-        HostError when the machine or its Python cannot be reached."""
+        HostError when the machine or its Python cannot be reached (under SHARED_LOCK a missing
+        Python is flock's exit code instead: lock only what a command before found there)."""
         argv = agent_argv(self.machine.python, os.path.dirname(self.agent_path), *args)
         code, out, err = self.run(["flock", "-s", shared_lock, *argv] if shared_lock else argv,
                                   stdin, timeout)
