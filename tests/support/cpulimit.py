@@ -46,12 +46,9 @@ def cpu_limited(pgid, cores, name="tfcluster-test-cpulimit"):
     folder = os.path.join(parent, "%s-%d" % (name, os.getpid()))
     os.mkdir(folder)
     try:
-        quota = int(cores * PERIOD_US)
-        if version == "v2":
-            _write(os.path.join(folder, "cpu.max"), "%d %d" % (quota, PERIOD_US))
-        else:
+        if version == "v1":
             _write(os.path.join(folder, "cpu.cfs_period_us"), str(PERIOD_US))
-            _write(os.path.join(folder, "cpu.cfs_quota_us"), str(quota))
+        set_cores(folder, cores)
         for pid in group_members(pgid):
             with contextlib.suppress(ProcessLookupError, OSError):
                 _write(os.path.join(folder, "cgroup.procs"), str(pid))
@@ -68,6 +65,15 @@ def cpu_limited(pgid, cores, name="tfcluster-test-cpulimit"):
                     raise
                 _empty(folder, parent)
                 time.sleep(0.1)
+
+
+def set_cores(folder, cores):
+    """The child cgroup FOLDER (cpu_limited's) held to CORES of CPU from now on."""
+    quota = int(cores * PERIOD_US)
+    if os.path.exists(os.path.join(folder, "cpu.max")):
+        _write(os.path.join(folder, "cpu.max"), "%d %d" % (quota, PERIOD_US))
+    else:
+        _write(os.path.join(folder, "cpu.cfs_quota_us"), str(quota))
 
 
 def throttled(folder):

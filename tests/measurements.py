@@ -1,0 +1,109 @@
+"""Measurements behind figures in benchmarks/RESULTS.md that no test asserts (targets not met on
+this machine). `make test` does not collect this file (it is not named test_*); run one by name,
+as root, on a quiet machine, and read what it prints:
+
+    .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_half_a_workers_share
+    .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_remote_trace_options
+
+Each asserts only that it measured something; the figures are the output."""
+import collections
+import contextlib
+import glob
+import json
+import os
+import signal
+import time
+
+from support.cli import Launcher, local_inventory_text
+from support.cpulimit import cpu_limited, set_cores
+from support.procs import wait_for
+from test_profile_launch import profile, xplane_module
+from test_slowest_launch import SLOWEST, launch_three_workers, matches, stop
+
+WORKERS = ("worker:0", "worker:1", "worker:2")
+
+
+def test_half_a_workers_share(local_env):
+    """Three multi_worker_mirrored workers, each held to SHARE of a core (0.6: what each gets of
+    2 cores anyway); after 30 healthy seconds, one at a time to half its share for TRIES tries
+    (3). Prints, per try, the seconds until it was named (None: not within 60 s) and the wait
+    the line gave."""
+    share = float(os.environ.get("SHARE", "0.6"))
+    tries = int(os.environ.get("TRIES", "3"))
+    launch, tasks = launch_three_workers(*local_env, "multi_worker_mirrored", "0", [])
+    results = []
+    try:
+        with contextlib.ExitStack() as stack:
+            groups = {label: stack.enter_context(cpu_limited(
+                tasks[label]["pid"], share, name="tfcluster-share-" + label.replace(":", "")))
+                for label in WORKERS}
+            start = time.monotonic()
+            wait_for(lambda: time.monotonic() - start >= 30 or matches(launch, SLOWEST, 0), 35,
+                     "the healthy stretch")
+            print("healthy 30 s, named:", [m.group(1) for m in matches(launch, SLOWEST, 0)])
+            for attempt in range(tries):
+                label = WORKERS[attempt % 3]
+                seen = len(launch.lines)
+                set_cores(groups[label], share / 2)
+                held = time.monotonic()
+                try:
+                    found = wait_for(lambda: matches(launch, SLOWEST, seen), 60, "named")
+                    results.append((label, round(time.monotonic() - held, 1),
+                                    ["%s %s%%" % m.groups() for m in found]))
+                except AssertionError:
+                    results.append((label, None, []))
+                print("try %d: %s" % (attempt + 1, results[-1]), flush=True)
+                set_cores(groups[label], share)
+                with contextlib.suppress(AssertionError):
+                    launch.line(r"^tfcluster: %s is no longer the one the others wait for$"
+                                % label, 90, label + " let go")
+    finally:
+        stop(launch)
+    assert len(results) == tries
+
+
+# What a remote trace request may carry (TensorFlow's ProfilerOptions, as client.trace sends it).
+TRACE_OPTIONS = [("the defaults", {}), ("host_tracer_level 0", {"host_tracer_level": 0}),
+                 ("host_tracer_level 1", {"host_tracer_level": 1}),
+                 ("every level 0", {"host_tracer_level": 0, "device_tracer_level": 0,
+                                    "python_tracer_level": 0})]
+
+
+def test_remote_trace_options(tmp_path):
+    """A local 1 ps + 2 worker mnist_replica run; `tfcluster profile` starts the tasks' profiler
+    servers; then worker:0 is traced for 1 s with each of TRACE_OPTIONS, as
+    tfcluster_agent/profiletrace.py calls the tracer. Prints each trace's host events and its
+    most frequent ones: with level 0 applied there would be none."""
+    from tensorflow.python.profiler.internal import _pywrap_profiler_plugin as client
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(local_inventory_text(str(tmp_path / "work"), ps=1, workers=2, chief=0))
+    runs_dir = str(tmp_path / "runs")
+    launcher = Launcher(runs_dir, "-i", str(inventory), "--run-id", "options", "mnist_replica",
+                        "--smoke", "--", "--train_steps=10000000", "--log_every=50")
+    xplane = xplane_module()
+    counted = []
+    try:
+        launcher.when(r"\[worker:0 .*\] step [1-9]\d*", 300)
+        done = profile(runs_dir, "options")
+        assert done.returncode == 0, done.stderr
+        index, = glob.glob(os.path.join(runs_dir, "options", "profile", "*", "tasks.json"))
+        with open(index) as handle:
+            server = json.load(handle)["worker:0"]["server"]
+        for name, options in TRACE_OPTIONS:
+            folder = str(tmp_path / name.replace(" ", "-"))
+            client.trace(server, folder, "", True, 1000, 3, options)
+            trace, = glob.glob(os.path.join(folder, "plugins", "profile", "*", "*.xplane.pb"))
+            space = xplane.XSpace()
+            with open(trace, "rb") as handle:
+                space.ParseFromString(handle.read())
+            events = collections.Counter(
+                plane.event_metadata[event.metadata_id].name.split("#")[0]
+                for plane in space.planes for line in plane.lines for event in line.events)
+            counted.append(sum(events.values()))
+            print("%-20s %6d events; most: %s" % (name, counted[-1], events.most_common(3)),
+                  flush=True)
+        launcher.proc.send_signal(signal.SIGTERM)  # the run ends as a user's would
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert len(counted) == len(TRACE_OPTIONS)
