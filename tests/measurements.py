@@ -17,8 +17,9 @@ import time
 from support.cli import Launcher, local_inventory_text
 from support.cpulimit import cpu_limited, set_cores
 from support.procs import wait_for
-from test_profile_launch import profile, xplane_module
-from test_slowest_launch import SLOWEST, launch_three_workers, matches, stop
+from support.cli import tfcluster
+from support.slowest import SLOWEST, launch_three_workers, matches, stop
+from support.traces import xplane_module
 
 WORKERS = ("worker:0", "worker:1", "worker:2")
 
@@ -84,7 +85,8 @@ def test_remote_trace_options(tmp_path):
     counted = []
     try:
         launcher.when(r"\[worker:0 .*\] step [1-9]\d*", 300)
-        done = profile(runs_dir, "options")
+        done = tfcluster("profile", "options", "--duration", "1", runs_dir=runs_dir,
+                         timeout=120)
         assert done.returncode == 0, done.stderr
         index, = glob.glob(os.path.join(runs_dir, "options", "profile", "*", "tasks.json"))
         with open(index) as handle:

@@ -7,7 +7,6 @@ profiles in a row leave the run training (the step rate while traced is a benchm
 `scripts/bench --only profile`)."""
 import collections
 import glob
-import importlib.util
 import json
 import os
 import re
@@ -21,6 +20,7 @@ import pytest
 from support import REPO
 from support.cli import assert_run_clean, local_inventory_text, run_record, tfcluster
 from support.cli import Launcher
+from support.traces import xplane_module
 from support.procs import wait_for
 
 pytestmark = pytest.mark.slow
@@ -37,17 +37,6 @@ DURATION = 1.0
 # --restarts. The TF1 run here restarts such a task, and a trace that the restart cut short is
 # taken again; any other restart fails the test.
 REPEATED_REQUEST = "request was received twice"
-
-
-def xplane_module():
-    """TensorFlow's XSpace protobuf module, loaded alone (no TensorFlow import)."""
-    spec = importlib.util.find_spec("tensorflow")
-    path = os.path.join(os.path.dirname(spec.origin), "tsl", "profiler", "protobuf",
-                        "xplane_pb2.py")
-    module_spec = importlib.util.spec_from_file_location("tfcluster_test_xplane_pb2", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
 
 
 def step_events(path, xplane=None):

@@ -8,7 +8,6 @@ hardly slows one (its cgroup was throttled in 2 to 73 of 300 periods), a tenth d
 costs a minute of the whole machine, so the suite makes one; 10 of 10 is a measurement."""
 import os
 import re
-import signal
 import time
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from support.cli import assert_run_clean, metrics_points, run_record
 from support.cpulimit import cpu_hierarchy, cpu_limited, throttled
 from support.procs import wait_for
-from support.cli import Launch
+from support.slowest import SLOWEST, launch_three_workers, matches, stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.cgroup]
 
@@ -31,25 +30,6 @@ SYNCHRONOUS = {"multi_worker_mirrored": ("multi_worker_mirrored", "0", []),
 # runs are a measurement (benchmarks/RESULTS.md, scripts/slowest-replay).
 HEALTHY_S = 30
 NAMED_WITHIN_S = 30
-# Enough compute per step that the limit shows in the step time, not only the all-reduce.
-TRAINER = ["--train_steps=100000000", "--log_every=5", "--batch_size=1500", "--hidden_units=2048"]
-SLOWEST = r"^tfcluster: (worker:\d) is the slowest: the others wait (\d+)% of each step for it$"
-
-
-def matches(launch, pattern, start):
-    """The matches of PATTERN in the launch's lines from index START on."""
-    return [m for m in (re.match(pattern, line.rstrip("\n")) for line in launch.lines[start:])
-            if m]
-
-
-def launch_three_workers(inventory, runs_dir, example, ps, flags):
-    """A 3-worker launch of EXAMPLE with PS ps tasks, once all three report points; its
-    tasks."""
-    launch = Launch(runs_dir, example, "--smoke", "-i", inventory, "--workers", "3", "--ps", ps,
-                    "--chief", "0", "--plain", "--", *flags, *TRAINER)
-    for label in ("worker:0", "worker:1", "worker:2"):
-        launch.line(r"^\[%s localhost\] step \d" % label, 300, label + "'s first points")
-    return launch, run_record(runs_dir)["tasks"]
 
 
 def limit_each_worker(launch, tasks, cores, tries):
@@ -86,16 +66,6 @@ def busy_figures(runs_dir):
     return "\n".join("%s: %s" % (label, " ".join("%.1f:%s" % (p["time"] - start, p.get("busy"))
                                                    for p in points if p["task"] == label))
                      for label in sorted({p["task"] for p in points}))
-
-
-def stop(launch):
-    """The launcher's SIGINT (its teardown stops the tasks, the summary follows); its output."""
-    if launch.proc.poll() is None:
-        launch.proc.send_signal(signal.SIGINT)
-    try:
-        return launch.end(180)
-    finally:
-        launch.kill()
 
 
 @pytest.mark.timeout(1500)
