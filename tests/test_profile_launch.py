@@ -1,7 +1,7 @@
-"""tfcluster profile on real runs: a 1 ps + 2 worker mnist_replica run (TF1 sessions), a
-ParameterServerStrategy run (ClusterCoordinator loop) and a program of the user's own that fits a
-Keras model under ParameterServerStrategy on this machine, and the mnist_replica run on the test
-hosts (root), are traced: every task's trace holds its step events, in the files and as
+"""tfcluster profile on real runs: a 1 ps + 2 worker mnist_replica run (TF1 sessions) and a
+program of the user's own that fits a Keras model under ParameterServerStrategy on this machine;
+the mnist_replica run and a ParameterServerStrategy run (ClusterCoordinator loop) on the test
+hosts (root). Each is traced: every task's trace holds its step events, in the files and as
 TensorBoard's profile plugin shows them; --profile-at takes one trace by itself, and ten
 profiles in a row leave the run training (the step rate while traced is a benchmark's figure:
 `scripts/bench --only profile`)."""
@@ -67,15 +67,21 @@ def traces_of(output):
     return traced
 
 
-def launch_and_profile(tmp_path, example, counts, profile_at, run_id, program=None, extra=()):
-    """A launch of EXAMPLE (training until stopped; or the launch arguments PROGRAM) with
-    --profile-at PROFILE_AT and the launch options EXTRA, once that trace came back with every
-    task's step events: (launcher, runs dir, run record, the xplane reader)."""
+def local_inventory(tmp_path, **counts):
+    """An inventory of COUNTS' tasks (ps=, workers=, chief=) on this machine."""
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(local_inventory_text(str(tmp_path / "work"), **counts))
+    return str(inventory)
+
+
+def launch_and_profile(tmp_path, inventory, example, profile_at, run_id, program=None,
+                       extra=()):
+    """A launch on INVENTORY of EXAMPLE (training until stopped; or the launch arguments PROGRAM)
+    with --profile-at PROFILE_AT and the launch options EXTRA, once that trace came back with
+    every task's step events: (launcher, runs dir, run record, the xplane reader)."""
     runs_dir = str(tmp_path / "runs")
     program = program or [example, "--smoke", "--", "--train_steps=10000000", "--log_every=20"]
-    launcher = Launcher(runs_dir, "-i", str(inventory), "--run-id", run_id,
+    launcher = Launcher(runs_dir, "-i", inventory, "--run-id", run_id,
                         "--profile-at", str(profile_at), *extra, *program)
     try:
         launcher.when(r"tfcluster: profile of \d+ task\(s\) in ", 300)
@@ -186,8 +192,8 @@ def assert_the_plugin_shows_steps(traced):
 @pytest.mark.timeout(900)
 def test_profile_a_tf1_replica_run_ten_times(tmp_path):
     launcher, runs_dir, record, xplane = launch_and_profile(
-        tmp_path, "mnist_replica", dict(ps=1, workers=2, chief=0), 200, "tf1",
-        extra=("--restarts", "2"))
+        tmp_path, local_inventory(tmp_path, ps=1, workers=2, chief=0), "mnist_replica", 200,
+        "tf1", extra=("--restarts", "2"))
     try:
         profile_in_a_row(launcher, runs_dir, "tf1", record, PROFILES, xplane)
         still_trains_then_ends(launcher, "worker:0")  # ten traces, and it still trains
@@ -197,19 +203,35 @@ def test_profile_a_tf1_replica_run_ten_times(tmp_path):
     assert_run_clean(run_record(runs_dir, "tf1"))
 
 
+@pytest.mark.root
 @pytest.mark.timeout(900)
-def test_profile_a_parameter_server_strategy_run_ten_times(tmp_path):
-    launcher, runs_dir, record, xplane = launch_and_profile(
-        tmp_path, "ps_strategy", dict(ps=2, workers=2, chief=1), 200, "pss")
+def test_profile_a_ps_strategy_run_on_the_test_hosts_ten_times(testhosts, tmp_path):
+    """Over SSH, the chief and ps:0 on th1, a worker on th2 and on th3, ps:1 on th3 (a work
+    folder they share: each ps saves its variables on its own machine): --profile-at's trace,
+    then one of two tasks, then ten of every task in a row; each comes back with every task's
+    step events, from the host each task ran on, and the run still trains."""
+    from support.procs import processes_of_run
+    from support.ssh import hosts_inventory
+    inventory = hosts_inventory(testhosts, tmp_path / "hosts.yml",
+                                {"chief": [1], "worker": [2, 3], "ps": [1, 3]},
+                                str(tmp_path / "work"))
+    launcher, runs_dir, record, xplane = launch_and_profile(tmp_path, inventory, "ps_strategy",
+                                                            200, "pss")
     try:
         done = profile(runs_dir, "pss", "--tasks", "chief:0,ps:1")
         assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
-        assert sorted(traces_of(done.stdout + done.stderr)) == ["chief:0", "ps:1"]
+        traced = traces_of(done.stdout + done.stderr)
+        assert sorted(traced) == ["chief:0", "ps:1"]
+        # TensorFlow names each trace file after its server's host.
+        assert {label: os.path.basename(path).rsplit("_", 1)[0]
+                for label, path in traced.items()} == {"chief:0": testhosts.addr(1),
+                                                        "ps:1": testhosts.addr(3)}
         profile_in_a_row(launcher, runs_dir, "pss", record, PROFILES, xplane)
         still_trains_then_ends(launcher, "chief:0")
     finally:
         launcher.kill()
     assert_run_clean(run_record(runs_dir, "pss"))
+    assert processes_of_run("pss") == []
 
 
 @pytest.mark.timeout(600)
@@ -218,7 +240,7 @@ def test_profile_a_parameter_server_strategy_model_fit(tmp_path):
     (tests/programs/pss_fit.py): --profile-at traces the chief, both workers and the ps, and the
     run then ends by itself."""
     launcher, runs_dir, _, _ = launch_and_profile(
-        tmp_path, None, dict(ps=1, workers=2, chief=1), 100, "fit",
+        tmp_path, local_inventory(tmp_path, ps=1, workers=2, chief=1), None, 100, "fit",
         program=["--cmd", "python tests/programs/pss_fit.py 600"])
     try:
         assert launcher.finish(300) == 0, launcher.text()[-6000:]

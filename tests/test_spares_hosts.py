@@ -14,6 +14,7 @@ from support import REPO
 from support.cli import metrics_points, run_record, tfcluster, wait_running
 from support.moves import assert_fails_naming_the_lost_machine, assert_moved_once
 from support.procs import wait_for
+from support.ssh import hosts_inventory
 from support.testhosts import HostSet, exclusive
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -42,20 +43,8 @@ def four_hosts():
 def inventory(hosts, tmp_path, groups, workdir=None):
     """GROUPS: {group: [host number]}; each host's own /opt holds the run folders, or WORKDIR
     that every host shares."""
-    lines = ["all:", "  vars:", "    ansible_user: root",
-             "    ansible_ssh_private_key_file: %s" % hosts.key,
-             "    tfcluster_known_hosts: %s" % hosts.known_hosts,
-             "    tfcluster_root: %s" % REPO, "    tfcluster_python: %s" % sys.executable,
-             "    tfcluster_workdir: %s" % (workdir or "/opt/tfc-spares/%s/work" % tmp_path.name),
-             "    tfcluster_connect_timeout: 5", "    tfcluster_port_base: 24100",
-             "  children:"]
-    for group, numbers in groups.items():
-        lines += ["    %s:" % group, "      hosts:"]
-        lines += ["        %s: {ansible_host: %s}" % (hosts.hosts[i - 1][0], hosts.addr(i))
-                  for i in numbers]
-    path = tmp_path / "hosts.yml"
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+    return hosts_inventory(hosts, tmp_path / "hosts.yml", groups,
+                           workdir or "/opt/tfc-spares/%s/work" % tmp_path.name, port_base=24100)
 
 
 def launch(runs_dir, *args):
