@@ -4,6 +4,7 @@ as root, on a quiet machine, and read what it prints:
 
     .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_half_a_workers_share
     .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_remote_trace_options
+    .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_profiler_wakeups
 
 Each asserts only that it measured something; the figures are the output."""
 import collections
@@ -109,3 +110,67 @@ def test_remote_trace_options(tmp_path):
     finally:
         launcher.kill()
     assert len(counted) == len(TRACE_OPTIONS)
+
+
+# Three sleepers, one per traced task: while it traces, TensorFlow's Profile handler wakes
+# every millisecond to see whether the trace was cancelled.
+SLEEPER = "import time\nfor _ in range(4000):\n    time.sleep(0.001)"
+
+
+def test_profiler_wakeups(tmp_path):
+    """A local 1 ps + 2 worker mnist_replica run, its profiler servers started; ROUNDS (4)
+    rounds of three processes that sleep 1 ms at a time for about 4 s, then `tfcluster profile
+    --duration 4`, each after 5 s without either. Prints worker:0's global steps/s in those 5 s
+    against inside each (the trace: its tasks.json window), and the median drops."""
+    import statistics
+    import subprocess
+    import sys
+    rounds = int(os.environ.get("ROUNDS", "4"))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(local_inventory_text(str(tmp_path / "work"), ps=1, workers=2, chief=0))
+    runs_dir = str(tmp_path / "runs")
+    launcher = Launcher(runs_dir, "-i", str(inventory), "--run-id", "wakeups", "mnist_replica",
+                        "--smoke", "--", "--train_steps=100000000", "--log_every=20")
+
+    def rate(start, end):
+        with open(os.path.join(runs_dir, "wakeups", "metrics.jsonl")) as handle:
+            points = [json.loads(line) for line in handle if line.strip()]
+        inside = [(p["time"], p["step"]) for p in points if p.get("task") == "worker:0"
+                  and "global_steps_per_s" in p and start <= p["time"] <= end]
+        (t0, s0), (t1, s1) = inside[0], inside[-1]
+        return (s1 - s0) / (t1 - t0)
+
+    drops = collections.defaultdict(list)
+    try:
+        launcher.when(r"\[worker:0 .*\] step [2-9]\d\d", 300)
+        assert tfcluster("profile", "wakeups", "--duration", "1", runs_dir=runs_dir,
+                         timeout=120).returncode == 0  # the servers start
+        for _ in range(rounds):
+            for kind in ("sleepers", "trace"):
+                time.sleep(5)
+                start = time.time()
+                if kind == "sleepers":
+                    for proc in [subprocess.Popen([sys.executable, "-c", SLEEPER])
+                                 for _ in range(3)]:
+                        proc.wait()
+                    first, last = start, time.time()
+                else:
+                    done = tfcluster("profile", "wakeups", "--duration", "4", runs_dir=runs_dir,
+                                     timeout=120)
+                    assert done.returncode == 0, done.stderr
+                    index = sorted(glob.glob(os.path.join(runs_dir, "wakeups", "profile", "*",
+                                                          "tasks.json")))[-1]
+                    with open(index) as handle:
+                        first, last = json.load(handle)["worker:0"]["window"]
+                time.sleep(2)  # the points that close the window
+                before, during = rate(start - 5, start), rate(first, last)
+                drops[kind].append(1 - during / before)
+                print("%-8s %6.1f -> %6.1f global steps/s (%4.1f%% less) in %.1f s"
+                      % (kind, before, during, 100 * drops[kind][-1], last - first), flush=True)
+        for kind, found in drops.items():
+            print("%s: median drop %.1f%%" % (kind, 100 * statistics.median(found)))
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.finish(120)
+    finally:
+        launcher.kill()
+    assert len(drops["trace"]) == rounds
