@@ -1,6 +1,6 @@
-"""Measurements behind figures in benchmarks/RESULTS.md that no test asserts (targets not met on
-this machine). `make test` does not collect this file (it is not named test_*); run one by name,
-as root, on a quiet machine, and read what it prints:
+"""Measurements behind figures in benchmarks/RESULTS.md that no test asserts (too long, or too
+dependent on the machine's load, for `make test`). `make test` does not collect this file (it is
+not named test_*); run one by name, as root, on a quiet machine, and read what it prints:
 
     .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_half_a_workers_share
     .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_remote_trace_options

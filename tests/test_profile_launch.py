@@ -207,9 +207,10 @@ def test_profile_a_tf1_replica_run_ten_times(tmp_path):
 @pytest.mark.timeout(900)
 def test_profile_a_ps_strategy_run_on_the_test_hosts_ten_times(testhosts, tmp_path):
     """Over SSH, the chief and ps:0 on th1, a worker on th2 and on th3, ps:1 on th3 (a work
-    folder they share: each ps saves its variables on its own machine): --profile-at's trace,
-    then one of two tasks, then ten of every task in a row; each comes back with every task's
-    step events, from the host each task ran on, and the run still trains."""
+    folder they share: each ps saves its variables on its own machine): --profile-at's trace of
+    every task with its step events; then chief:0 and ps:1 alone, each trace from its task's
+    host; then ten of every task in a row, each with every task's step events; the run still
+    trains."""
     from support.procs import processes_of_run
     from support.ssh import hosts_inventory
     inventory = hosts_inventory(testhosts, tmp_path / "hosts.yml",

@@ -146,7 +146,7 @@ def test_the_time_in_the_collective_names_the_worker_that_waits_least():
     assert named[0].text == "worker:1 is the slowest: the others wait 40% of each step for it"
 
 
-def test_others_timed_waiting_a_sixth_of_each_step_name_the_worker_and_a_tenth_names_nobody():
+def test_others_timed_waiting_17_percent_of_each_step_name_the_worker_and_12_percent_nobody():
     """Half a worker's share of two cores left the others waiting 19-39% of each step in their
     collective (tests/measurements.py); healthy runs' waits differed by 0.12 at most (RESULTS)."""
     cluster, diagnosis, console = workers()
