@@ -13,12 +13,14 @@ import glob
 import json
 import os
 import signal
+import statistics
+import subprocess
+import sys
 import time
 
-from support.cli import Launcher, local_inventory_text
+from support.cli import Launcher, local_inventory_text, tfcluster
 from support.cpulimit import cpu_limited, set_cores
 from support.procs import wait_for
-from support.cli import tfcluster
 from support.slowest import SLOWEST, launch_three_workers, matches, stop
 from support.traces import xplane_module
 
@@ -122,9 +124,6 @@ def test_profiler_wakeups(tmp_path):
     rounds of three processes that sleep 1 ms at a time for about 4 s, then `tfcluster profile
     --duration 4`, each after 5 s without either. Prints worker:0's global steps/s in those 5 s
     against inside each (the trace: its tasks.json window), and the median drops."""
-    import statistics
-    import subprocess
-    import sys
     rounds = int(os.environ.get("ROUNDS", "4"))
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(local_inventory_text(str(tmp_path / "work"), ps=1, workers=2, chief=0))
