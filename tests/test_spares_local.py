@@ -1,6 +1,7 @@
 """Spares with real TensorFlow on this machine: three local "machines" (127.0.0.1, .2, .3, each
 with its own agent), the third in the [spare] group. A machine is lost when its agent and its
 tasks are killed at once."""
+import os
 import subprocess
 import sys
 import time
@@ -59,13 +60,17 @@ def running(runs_dir, run_id):
         return False
 
 
-def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
+def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines, tmp_path):
     inventory, runs_dir = machines
+    # The lost worker is killed where it stands, so TensorFlow's temporary files (autograph's
+    # generated modules, removed at a normal exit) stay: in the test's folder, not in /tmp.
+    (tmp_path / "tmp").mkdir()
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch",
          "multi_worker_mirrored", "-i", inventory, "--plain", "--run-id", "moved",
          "--lost-contact", "10", "--"] + TRAIN,
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, TMPDIR=str(tmp_path / "tmp")))
     try:
         def trained_past_a_checkpoint():
             steps = [p["step"] for p in metrics_points(runs_dir, "moved") if p["task"] == "worker:1"]
