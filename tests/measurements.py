@@ -31,15 +31,19 @@ def test_half_a_workers_share(local_env):
     """Three multi_worker_mirrored workers, each held to SHARE of a core (0.6: what each gets of
     2 cores anyway); after 30 healthy seconds, one at a time to half its share for TRIES tries
     (3). Prints, per try, the seconds until it was named (None: not within 60 s) and the wait
-    the line gave."""
+    the line gave. The quotas' CFS period is PERIOD_US (10 ms): with the kernel's default of
+    100 ms a halved worker runs at full speed until its quota is spent, then stops, a burstier
+    slowness than a core half as fast."""
     share = float(os.environ.get("SHARE", "0.6"))
     tries = int(os.environ.get("TRIES", "3"))
+    period = int(os.environ.get("PERIOD_US", "10000"))
     launch, tasks = launch_three_workers(*local_env, "multi_worker_mirrored", "0", [])
     results = []
     try:
         with contextlib.ExitStack() as stack:
             groups = {label: stack.enter_context(cpu_limited(
-                tasks[label]["pid"], share, name="tfcluster-share-" + label.replace(":", "")))
+                tasks[label]["pid"], share, name="tfcluster-share-" + label.replace(":", ""),
+                period_us=period))
                 for label in WORKERS}
             start = time.monotonic()
             wait_for(lambda: time.monotonic() - start >= 30 or matches(launch, SLOWEST, 0), 35,
@@ -48,7 +52,7 @@ def test_half_a_workers_share(local_env):
             for attempt in range(tries):
                 label = WORKERS[attempt % 3]
                 seen = len(launch.lines)
-                set_cores(groups[label], share / 2)
+                set_cores(groups[label], share / 2, period)
                 held = time.monotonic()
                 try:
                     found = wait_for(lambda: matches(launch, SLOWEST, seen), 60, "named")
@@ -57,7 +61,7 @@ def test_half_a_workers_share(local_env):
                 except AssertionError:
                     results.append((label, None, []))
                 print("try %d: %s" % (attempt + 1, results[-1]), flush=True)
-                set_cores(groups[label], share)
+                set_cores(groups[label], share, period)
                 with contextlib.suppress(AssertionError):
                     launch.line(r"^tfcluster: %s is no longer the one the others wait for$"
                                 % label, 90, label + " let go")

@@ -39,16 +39,17 @@ def group_members(pgid):
 
 
 @contextlib.contextmanager
-def cpu_limited(pgid, cores, name="tfcluster-test-cpulimit"):
-    """Hold process group PGID to CORES of CPU while the block runs; its processes go back to
-    the parent cgroup and the child cgroup is removed afterwards, whatever happens."""
+def cpu_limited(pgid, cores, name="tfcluster-test-cpulimit", period_us=PERIOD_US):
+    """Hold process group PGID to CORES of CPU (a quota each PERIOD_US) while the block runs; its
+    processes go back to the parent cgroup and the child cgroup is removed afterwards, whatever
+    happens."""
     parent, version = cpu_hierarchy()
     folder = os.path.join(parent, "%s-%d" % (name, os.getpid()))
     os.mkdir(folder)
     try:
         if version == "v1":
-            _write(os.path.join(folder, "cpu.cfs_period_us"), str(PERIOD_US))
-        set_cores(folder, cores)
+            _write(os.path.join(folder, "cpu.cfs_period_us"), str(period_us))
+        set_cores(folder, cores, period_us)
         for pid in group_members(pgid):
             with contextlib.suppress(ProcessLookupError, OSError):
                 _write(os.path.join(folder, "cgroup.procs"), str(pid))
@@ -67,11 +68,11 @@ def cpu_limited(pgid, cores, name="tfcluster-test-cpulimit"):
                 time.sleep(0.1)
 
 
-def set_cores(folder, cores):
-    """The child cgroup FOLDER (cpu_limited's) held to CORES of CPU from now on."""
-    quota = int(cores * PERIOD_US)
+def set_cores(folder, cores, period_us=PERIOD_US):
+    """The child cgroup FOLDER (cpu_limited's, with PERIOD_US) held to CORES of CPU from now on."""
+    quota = int(cores * period_us)
     if os.path.exists(os.path.join(folder, "cpu.max")):
-        _write(os.path.join(folder, "cpu.max"), "%d %d" % (quota, PERIOD_US))
+        _write(os.path.join(folder, "cpu.max"), "%d %d" % (quota, period_us))
     else:
         _write(os.path.join(folder, "cpu.cfs_quota_us"), str(quota))
 
