@@ -5,6 +5,7 @@ not named test_*); run one by name, as root, on a quiet machine, and read what i
     .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_half_a_workers_share
     .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_remote_trace_options
     .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_profiler_wakeups
+    .venv/bin/python -m pytest -s -p no:randomly tests/measurements.py::test_profile_cost_by_task
 
 Each asserts only that it measured something; the figures are the output."""
 import collections
@@ -123,6 +124,56 @@ def test_remote_trace_options(tmp_path):
 SLEEPER = "import time\nfor _ in range(4000):\n    time.sleep(0.001)"
 
 
+def global_step_rate(runs_dir, run_id, start, end):
+    """worker:0's global steps per second between START and END, from the run's metrics."""
+    with open(os.path.join(runs_dir, run_id, "metrics.jsonl")) as handle:
+        points = [json.loads(line) for line in handle if line.strip()]
+    inside = [(p["time"], p["step"]) for p in points if p.get("task") == "worker:0"
+              and "global_steps_per_s" in p and start <= p["time"] <= end]
+    (t0, s0), (t1, s1) = inside[0], inside[-1]
+    return (s1 - s0) / (t1 - t0)
+
+
+def traced_window(runs_dir, run_id, *options):
+    """`tfcluster profile RUN_ID --duration 4 OPTIONS`: the trace's window (its tasks.json)."""
+    done = tfcluster("profile", run_id, "--duration", "4", *options, runs_dir=runs_dir,
+                     timeout=120)
+    assert done.returncode == 0, done.stderr
+    index = sorted(glob.glob(os.path.join(runs_dir, run_id, "profile", "*", "tasks.json")))[-1]
+    with open(index) as handle:
+        return next(entry["window"] for entry in json.load(handle).values() if "window" in entry)
+
+
+def sleepers():
+    """Three processes that sleep 1 ms at a time for about 4 s: their (start, end)."""
+    start = time.time()
+    for proc in [subprocess.Popen([sys.executable, "-c", SLEEPER]) for _ in range(3)]:
+        proc.wait()
+    return start, time.time()
+
+
+def step_rate_drop(runs_dir, run_id, kind, measured):
+    """After 5 s without anything, MEASURED() (its window: (start, end)); prints worker:0's
+    global steps/s in those 5 s against inside the window, and returns the drop."""
+    time.sleep(5)
+    start = time.time()
+    first, last = measured()
+    time.sleep(2)  # the points that close the window
+    before = global_step_rate(runs_dir, run_id, start - 5, start)
+    during = global_step_rate(runs_dir, run_id, first, last)
+    print("%-8s %6.1f -> %6.1f global steps/s (%4.1f%% less) in %.1f s"
+          % (kind, before, during, 100 * (1 - during / before), last - first), flush=True)
+    return 1 - during / before
+
+
+def print_medians_and_end(launcher, drops):
+    """The median of each kind's DROPS; then SIGTERM ends the run as a user's would."""
+    for kind, found in drops.items():
+        print("%s: median drop %.1f%%" % (kind, 100 * statistics.median(found)))
+    launcher.proc.send_signal(signal.SIGTERM)
+    launcher.finish(120)
+
+
 def test_profiler_wakeups(tmp_path):
     """A local 1 ps + 2 worker mnist_replica run, its profiler servers started; ROUNDS (4)
     rounds of three processes that sleep 1 ms at a time for about 4 s, then `tfcluster profile
@@ -135,45 +186,43 @@ def test_profiler_wakeups(tmp_path):
     launcher = Launcher(runs_dir, "-i", str(inventory), "--run-id", "wakeups", "mnist_replica",
                         "--smoke", "--", "--train_steps=100000000", "--log_every=20")
 
-    def rate(start, end):
-        with open(os.path.join(runs_dir, "wakeups", "metrics.jsonl")) as handle:
-            points = [json.loads(line) for line in handle if line.strip()]
-        inside = [(p["time"], p["step"]) for p in points if p.get("task") == "worker:0"
-                  and "global_steps_per_s" in p and start <= p["time"] <= end]
-        (t0, s0), (t1, s1) = inside[0], inside[-1]
-        return (s1 - s0) / (t1 - t0)
-
     drops = collections.defaultdict(list)
     try:
         launcher.when(r"\[worker:0 .*\] step [2-9]\d\d", 300)
         assert tfcluster("profile", "wakeups", "--duration", "1", runs_dir=runs_dir,
                          timeout=120).returncode == 0  # the servers start
         for _ in range(rounds):
-            for kind in ("sleepers", "trace"):
-                time.sleep(5)
-                start = time.time()
-                if kind == "sleepers":
-                    for proc in [subprocess.Popen([sys.executable, "-c", SLEEPER])
-                                 for _ in range(3)]:
-                        proc.wait()
-                    first, last = start, time.time()
-                else:
-                    done = tfcluster("profile", "wakeups", "--duration", "4", runs_dir=runs_dir,
-                                     timeout=120)
-                    assert done.returncode == 0, done.stderr
-                    index = sorted(glob.glob(os.path.join(runs_dir, "wakeups", "profile", "*",
-                                                          "tasks.json")))[-1]
-                    with open(index) as handle:
-                        first, last = json.load(handle)["worker:0"]["window"]
-                time.sleep(2)  # the points that close the window
-                before, during = rate(start - 5, start), rate(first, last)
-                drops[kind].append(1 - during / before)
-                print("%-8s %6.1f -> %6.1f global steps/s (%4.1f%% less) in %.1f s"
-                      % (kind, before, during, 100 * drops[kind][-1], last - first), flush=True)
-        for kind, found in drops.items():
-            print("%s: median drop %.1f%%" % (kind, 100 * statistics.median(found)))
-        launcher.proc.send_signal(signal.SIGTERM)
-        launcher.finish(120)
+            for kind, measured in (("sleepers", sleepers),
+                                   ("trace", lambda: traced_window(runs_dir, "wakeups"))):
+                drops[kind].append(step_rate_drop(runs_dir, "wakeups", kind, measured))
+        print_medians_and_end(launcher, drops)
     finally:
         launcher.kill()
     assert len(drops["trace"]) == rounds
+
+
+def test_profile_cost_by_task(tmp_path):
+    """A local 1 ps + 1 worker mnist_replica run (a core for each task); ROUNDS (4) rounds of
+    `tfcluster profile --duration 4` of the ps alone, of the worker alone and of both, each after
+    5 s without a trace. Prints worker:0's global steps/s in those 5 s against inside each trace's
+    window, and the median drops: which task's trace costs the run its steps."""
+    rounds = int(os.environ.get("ROUNDS", "4"))
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(local_inventory_text(str(tmp_path / "work"), ps=1, workers=1, chief=0))
+    runs_dir = str(tmp_path / "runs")
+    launcher = Launcher(runs_dir, "-i", str(inventory), "--run-id", "bytask", "mnist_replica",
+                        "--smoke", "--workers", "1", "--", "--train_steps=100000000",
+                        "--log_every=20")
+    drops = collections.defaultdict(list)
+    try:
+        launcher.when(r"\[worker:0 .*\] step [2-9]\d\d", 300)
+        traced_window(runs_dir, "bytask")  # the servers start
+        for _ in range(rounds):
+            for kind, options in (("ps:0", ("--tasks", "ps:0")),
+                                  ("worker:0", ("--tasks", "worker:0")), ("both", ())):
+                drops[kind].append(step_rate_drop(
+                    runs_dir, "bytask", kind, lambda: traced_window(runs_dir, "bytask", *options)))
+        print_medians_and_end(launcher, drops)
+    finally:
+        launcher.kill()
+    assert len(drops["both"]) == rounds
