@@ -122,6 +122,28 @@ def test_a_task_starts_as_popen_started_it(agent, tmp_path):
     assert (run_dir / "worker-1.status").read_text() == "127"
 
 
+def test_a_task_gets_a_private_tmpdir_removed_when_it_ends(agent, tmp_path):
+    """Each task's TMPDIR is a new 0700 folder inside the one it was given, and it is gone by
+    the time its exit is reported, whether the task ended by itself or was killed; a symbolic
+    link in it is removed, not followed."""
+    run_dir, parent, kept = tmp_path / "run", tmp_path / "tmp", tmp_path / "kept"
+    parent.mkdir()
+    kept.mkdir()
+    (kept / "file").write_text("x")
+    fill = 'echo "$TMPDIR"; stat -c %%a "$TMPDIR"; mkdir "$TMPDIR/sub"; touch "$TMPDIR/sub/f"; ' \
+           'ln -s %s "$TMPDIR/link"' % kept
+    start(agent, run_dir, [
+        {"name": "worker-0", "env": {"TMPDIR": str(parent)}, "command": fill},
+        {"name": "worker-1", "env": {"TMPDIR": str(parent)}, "command": fill + "; kill -KILL $$"}])
+    assert exit_codes(agent, 2) == {"worker-0": 0, "worker-1": 128 + 9}
+    for name in ("worker-0", "worker-1"):
+        folder, mode = outputs(agent, name).split()
+        assert os.path.dirname(folder) == str(parent), folder
+        assert os.path.basename(folder).startswith("tfcluster-%s-" % name) and mode == "700"
+    assert list(parent.iterdir()) == []
+    assert (kept / "file").read_text() == "x"
+
+
 def test_stop_kills_the_whole_process_group(agent, tmp_path):
     run_dir = tmp_path / "run"
     # The task forks a grandchild; stopping must take both.

@@ -298,13 +298,60 @@ def spawn_shell(command, cwd, env, out_fd):
     return Forked(pid)
 
 
+def private_tmp(parent, name):
+    """A new folder of the task NAME's own (0700) under PARENT, or None where none can be made.
+    mkdir never takes a folder that is there already, so nobody can hand the task one."""
+    for _ in range(3):
+        path = os.path.join(parent, "tfcluster-%s-%s" % (name, os.urandom(6).hex()))
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def remove_tree(path):
+    """PATH and what is in it, as far as it can be removed (symbolic links are not followed)."""
+    for top, dirs, files in os.walk(path, topdown=False):
+        for entry in files + dirs:
+            inner = os.path.join(top, entry)
+            try:
+                if entry in files or os.path.islink(inner):
+                    os.unlink(inner)
+                else:
+                    os.rmdir(inner)
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 def supervise(run_dir, name, lease, spec, out_fd):
-    """Run the task of SPEC (a TaskSpec); its output goes to NAME.log and to OUT_FD (the agent)."""
+    """Run the task of SPEC (a TaskSpec); its output goes to NAME.log and to OUT_FD (the agent).
+    The task's TMPDIR is a folder of its own, inside the one it would have had, removed when it
+    ends however it ends: what a killed program leaves there, and what TensorFlow's autograph
+    never removes (its modules' bytecode), does not pile up in the host's /tmp."""
     base = os.path.join(run_dir, name)
     env = dict(os.environ)
     env.update(spec.env)
     for var, value in spec.env_prepend.items():
         env[var] = value + (os.pathsep + env[var] if env.get(var) else "")
+    tmp = private_tmp(env.get("TMPDIR") or "/tmp", name)
+    if tmp:
+        env["TMPDIR"] = tmp
+    try:
+        _supervise(base, run_dir, name, lease, spec, env, out_fd, tmp)
+    finally:
+        if tmp:
+            remove_tree(tmp)
+
+
+def _supervise(base, run_dir, name, lease, spec, env, out_fd, tmp):
     write_atomic(base + ".task.json", json.dumps(spec.public_json()))
     log_fd = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     agent = out_fd
@@ -324,6 +371,8 @@ def supervise(run_dir, name, lease, spec, out_fd):
         proc = spawn_shell(spec.command, spec.cwd, env, write_end)
     except OSError as err:
         emit(("tfcluster agent: cannot start task: %s\n" % err).encode())
+        if tmp:
+            remove_tree(tmp)
         write_atomic(base + ".status", "127")
         return
     finally:
@@ -361,6 +410,8 @@ def supervise(run_dir, name, lease, spec, out_fd):
     except BlockingIOError:
         pass
     code = proc.returncode
+    if tmp:  # gone before the end is told
+        remove_tree(tmp)
     write_atomic(base + ".status", str(code if code >= 0 else 128 - code))
     # Its time is when the end was seen, to the nanosecond (end_time): a file's own times move
     # by the kernel's tick, and the tasks of a cascade end milliseconds apart.
