@@ -1,9 +1,9 @@
 """Spares with real TensorFlow on this machine: three local "machines" (127.0.0.1, .2, .3, each
 with its own agent), the third in the [spare] group. A machine is lost when its agent and its
 tasks are killed at once."""
-import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -36,7 +36,12 @@ def inventory_text(workdir):
 
 
 @pytest.fixture
-def machines(tmp_path):
+def machines(tmp_path, monkeypatch):
+    # A lost machine's task and supervisor are killed where they stand: what they leave in
+    # their TMPDIR (TensorFlow's autograph modules, the task's own folder) stays in the test's.
+    (tmp_path / "tmp").mkdir()
+    tempfile.gettempdir()  # this process's own stays as it was (the module caches it)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(inventory_text(str(tmp_path / "work")))
     yield str(inventory), str(tmp_path / "runs")
@@ -60,17 +65,13 @@ def running(runs_dir, run_id):
         return False
 
 
-def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines, tmp_path):
+def test_a_lost_worker_machine_moves_to_the_spare_and_the_run_goes_on(machines):
     inventory, runs_dir = machines
-    # The lost worker is killed where it stands, so TensorFlow's temporary files (autograph's
-    # generated modules, removed at a normal exit) stay: in the test's folder, not in /tmp.
-    (tmp_path / "tmp").mkdir()
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir, "launch",
          "multi_worker_mirrored", "-i", inventory, "--plain", "--run-id", "moved",
          "--lost-contact", "10", "--"] + TRAIN,
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, TMPDIR=str(tmp_path / "tmp")))
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def trained_past_a_checkpoint():
             steps = [p["step"] for p in metrics_points(runs_dir, "moved") if p["task"] == "worker:1"]

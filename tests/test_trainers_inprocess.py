@@ -14,6 +14,7 @@ import io
 import json
 import os
 import random
+import tempfile
 import threading
 
 import pytest
@@ -49,9 +50,18 @@ def absent(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tf():
+def tf(tmp_path_factory):
     """TensorFlow, with 2 logical CPU devices when this process has not used its devices yet
-    (the tower trainers' default); quiet."""
+    (the tower trainers' default); quiet. Its temporary files (autograph's modules, whose
+    bytecode TensorFlow never removes) go to a folder of the test session's, not /tmp."""
+    before, tempfile.tempdir = tempfile.tempdir, str(tmp_path_factory.mktemp("tf-tmp"))
+    try:
+        yield import_quiet_tensorflow()
+    finally:
+        tempfile.tempdir = before
+
+
+def import_quiet_tensorflow():
     bootstrap.quiet_tensorflow()
     bootstrap.import_tensorflow()  # as a trainer imports it
     import tensorflow
