@@ -48,9 +48,13 @@ def inventory(hosts, tmp_path, groups, workdir=None):
 
 
 def launch(runs_dir, *args):
+    # The hosts' teardown kills a cut-off host's supervisors with their tasks, before they can
+    # remove the tasks' TMPDIR folders: those are made in the test's folder, not in /tmp.
+    tmp = os.path.join(os.path.dirname(runs_dir), "tmp")
+    os.makedirs(tmp, exist_ok=True)
     return subprocess.Popen([sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir,
-                             "launch", "--plain", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                             "launch", "--plain", "--env", "TMPDIR=" + tmp, *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_a_cut_worker_link_moves_the_run_to_the_spare(four_hosts, tmp_path):
