@@ -17,6 +17,7 @@ import select
 import time
 
 from tfcluster_agent import jsonc as json
+from tfcluster_agent.tasktmp import private_tmp, remove_tree
 
 # signal is imported where used, subprocess and threading nowhere: the agent's start and each
 # task's pay for none of them.
@@ -296,39 +297,6 @@ def spawn_shell(command, cwd, env, out_fd):
         os.waitpid(pid, 0)
         raise OSError(*json.loads(failed))
     return Forked(pid)
-
-
-def private_tmp(parent, name):
-    """A new folder of the task NAME's own (0700) under PARENT, or None where none can be made.
-    mkdir never takes a folder that is there already, so nobody can hand the task one."""
-    for _ in range(3):
-        path = os.path.join(parent, "tfcluster-%s-%s" % (name, os.urandom(6).hex()))
-        try:
-            os.mkdir(path, 0o700)
-            return path
-        except FileExistsError:
-            continue
-        except OSError:
-            return None
-    return None
-
-
-def remove_tree(path):
-    """PATH and what is in it, as far as it can be removed (symbolic links are not followed)."""
-    for top, dirs, files in os.walk(path, topdown=False):
-        for entry in files + dirs:
-            inner = os.path.join(top, entry)
-            try:
-                if entry in files or os.path.islink(inner):
-                    os.unlink(inner)
-                else:
-                    os.rmdir(inner)
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
 
 
 def supervise(run_dir, name, lease, spec, out_fd):
