@@ -35,6 +35,18 @@ def two_workers(tmp_path):
     assert not leftovers, "processes of the test were still running: %s" % leftovers
 
 
+def run_files(runs_dir, run_id, launch_output):
+    """What a failed check needs to tell where a task's output was lost: the launch's output,
+    the run's task entries and each file of its folder."""
+    folder = os.path.join(runs_dir, run_id)
+    files = {}
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as handle:
+            files[name] = handle.read()[-300:]
+    return "launch:\n%s\ntasks: %s\nfiles: %s" % (
+        launch_output, run_record(runs_dir, run_id)["tasks"], files)
+
+
 def on_terminal(argv, env, timeout=120):
     """ARGV run on a pseudo-terminal (its live view): (exit code, everything it showed)."""
     master, slave = pty.openpty()
@@ -72,7 +84,7 @@ def test_a_character_the_terminal_cannot_encode_is_replaced_not_fatal(two_worker
         assert handle.read() == (BAR + " 50%\n").encode()  # the log keeps the bytes
     logs = tfcluster("logs", "plain", runs_dir=runs_dir, env=latin1)
     assert logs.returncode == 0 and not logs.stderr, logs.stderr
-    assert logs.stdout.count("] ? 50%") == 2
+    assert logs.stdout.count("] ? 50%") == 2, run_files(runs_dir, "plain", proc.stdout)
 
     # The live view, on a terminal that cannot show it either.
     code, shown = on_terminal([sys.executable, "-m", "tfcluster", "--runs-dir", runs_dir,

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from support.cli import run_record
-from support.fakehosts import FakeHosts, cluster_of, run
+from support.fakehosts import FakeHosts, FakeLink, cluster_of, run
 from support.procs import wait_for
 from tfcluster.spec import catalog
 from tfcluster.errors import PreflightError, RunFailed, RunInterrupted, RunTimedOut
@@ -72,6 +72,43 @@ def test_chief_policy_stops_the_workers_at_once(tmp_path):
                                       policy="chief")
     assert outcome is None, console
     assert record["tasks"]["worker:0"]["state"] == "stopped"
+
+
+class LateStartLink(FakeLink):
+    """worker-1's start is heard LATE seconds after the others' (a loaded machine forks its
+    supervisor late); then it prints and exits 0."""
+    LATE = 0.5
+
+    def request(self, msg, timeout, what="", collect=None):
+        if not isinstance(msg, P.Start):
+            return super().request(msg, timeout, what, collect)
+        late = [s for s in msg.tasks if s["name"] == "worker-1"]
+        answer = super().request(replace(msg, tasks=[s for s in msg.tasks if s not in late]),
+                                 timeout, what, collect)
+        if late:
+            def start_late():
+                self.emit(P.Started(name="worker-1", pid=2000, time=time.time()))
+                self.emit(P.Output(name="worker-1", text="late but here\n"))
+                self.emit(P.Exited(name="worker-1", code=0, state="exited"))
+            threading.Timer(self.LATE, start_late).start()
+        return answer
+
+
+def test_a_worker_whose_start_is_heard_after_the_chief_ended_is_waited_for(tmp_path):
+    """The chief policy, met before worker:1's start is heard: worker:1 is not over before it
+    began. The run waits for it (finish grace), and keeps its output."""
+    cluster = cluster_of(ps=0, workers=2)
+    hosts = FakeHosts([m for m, _ in cluster.machines()], {"worker-0": [0]})
+    hosts.links = {key: LateStartLink(link.machine, hosts.events, link.exits, link.report)
+                   for key, link in hosts.links.items()}
+    console = io.StringIO()
+    launch = Launch(cluster, LaunchOptions(example=catalog.custom_example("true", "chief"),
+                                           runs_dir=str(tmp_path / "runs"), run_id="r"),
+                    "inventory.yml", PlainReporter(stream=console), hosts=hosts)
+    launch.run()
+    record = run_record(str(tmp_path / "runs"), "r")
+    assert record["tasks"]["worker:1"]["state"] == "succeeded", console.getvalue()
+    assert (tmp_path / "runs" / "r" / "worker-1.log").read_text() == "late but here\n"
 
 
 def test_timeout(tmp_path):

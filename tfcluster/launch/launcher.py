@@ -323,7 +323,7 @@ class Launch(Recovery):
                 policy_met_at = time.monotonic()
                 self.reporter.note("success policy %s met" % options.example.success)
             if policy_met_at is not None:
-                running = [t for t in tracked(cluster) if monitor.alive(t)]
+                running = [t for t in tracked(cluster) if monitor.unfinished(t)]
                 if not running:
                     return None, []
                 if time.monotonic() - policy_met_at > self._finish_grace():

@@ -127,6 +127,11 @@ class Monitor:
         state = self.states.get(task.label)
         return bool(state and state.alive)
 
+    def unfinished(self, task):
+        """Alive, or started by its agent and not heard from yet: on a loaded machine a task's
+        start can come after another task's end."""
+        return task.label not in self.states or self.alive(task)
+
     # ------------------------------------------------------------ the record's task entries
     def record_started(self, record):
         """Every task's pid, and the run running."""
