@@ -16,7 +16,7 @@ from support import REPO
 from support.cli import local_inventory_text, run_record, stopped_by_lease, tfcluster
 from support.gpus import FAKE_SMI, FakeGpus, local_slots, outcomes_of, reports_for
 from support.ports import free_port_block
-from support.procs import processes_matching, stop_leftovers, wait_for
+from support.procs import parent_of, processes_matching, stop_leftovers, wait_for
 from tfcluster.gpus import placement as gpus
 from tfcluster.hosts.inventory import Machine, Slot, load_slots
 from tfcluster.runs.record import PreflightReport
@@ -416,22 +416,31 @@ def test_second_run_refused_then_queued_and_started_when_the_first_ends(fake_gpu
 
 @pytest.mark.slow
 def test_claims_go_when_launcher_and_agent_are_killed(fake_gpus, tmp_path):
-    runs_dir = str(tmp_path / "runs")
+    runs_dir, tmp = str(tmp_path / "runs"), tmp_path / "tmp"
+    tmp.mkdir()
     first = launch(inventory(tmp_path), runs_dir, run_id="doomed",
-                   env={"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "forever"})
+                   env={"FAKE_WORKER_0": "forever", "FAKE_WORKER_1": "forever",
+                        "TMPDIR": str(tmp)})
     try:
         wait_for(lambda: running(runs_dir, "doomed"), 90, "the run to run")
         record = run_record(runs_dir, "doomed")
         held = [u for u in fake_gpus.uuids() if gpuclaims.holder(u)]
         assert len(held) == 4
+        # The agent, not its task supervisors: forks of it, under the same command line, they
+        # are what stops the tasks when the lease runs out, and gives their claims back.
         agents = [pid for pid, cmd in processes_matching(str(tmp_path))
-                  if "tfcluster_agent serve" in cmd]
-        assert agents
+                  if "tfcluster_agent serve" in cmd and parent_of(pid) == first.pid]
+        assert len(agents) == 1, processes_matching(str(tmp_path))
         for pid in [first.pid] + agents:
             os.kill(pid, signal.SIGKILL)
         first.wait()
         wait_for(lambda: stopped_by_lease(record), 60, "the tasks to stop after the lease")
         wait_for(lambda: not any(gpuclaims.holder(u) for u in held), 30, "the claims to go")
+        for label, task in record["tasks"].items():  # stopped by their supervisors
+            with open(os.path.join(task["host_run_dir"], label.replace(":", "-") + ".log")) as log:
+                assert "controller lease expired, stopping the task" in log.read(), label
+        # Each supervisor removed its task's own TMPDIR as it ended.
+        wait_for(lambda: not os.listdir(tmp), 10, "the tasks' TMPDIRs to go")
     finally:
         first.kill()
 

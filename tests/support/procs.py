@@ -45,6 +45,15 @@ def pid_alive(pid):
         return False
 
 
+def parent_of(pid):
+    """The parent pid of PID, or None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return int(handle.read().split(")")[-1].split()[1])
+    except (OSError, ValueError):
+        return None
+
+
 def wait_for(condition, timeout, what, interval=0.1):
     """CONDITION's first true value within TIMEOUT s. WHAT says what was awaited: a string, or a
     function that says it when the wait failed (with what came in the meantime)."""
