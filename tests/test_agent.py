@@ -144,6 +144,21 @@ def test_a_task_gets_a_private_tmpdir_removed_when_it_ends(agent, tmp_path):
     assert (kept / "file").read_text() == "x"
 
 
+def test_a_task_started_nice_has_its_niceness_and_its_sessions_autogroups(agent, tmp_path):
+    """launch --nice: the task and what it starts at that niceness, and its session's autogroup
+    too where the kernel has autogroups (without it the niceness would only order the task's
+    own processes); a task started without it at the agent's."""
+    show = "nice; sh -c nice; cat /proc/self/autogroup 2>/dev/null || echo none"
+    start(agent, tmp_path / "run", [{"name": "worker-0", "command": show, "nice": 10},
+                                    {"name": "worker-1", "command": show}])
+    assert exit_codes(agent, 2) == {"worker-0": 0, "worker-1": 0}
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    niced, plain = outputs(agent, "worker-0").split("\n"), outputs(agent, "worker-1").split("\n")
+    assert niced[:2] == [str(max(base, 10))] * 2 and plain[:2] == [str(base)] * 2
+    if niced[2] != "none":
+        assert niced[2].endswith(" nice 10") and plain[2].endswith(" nice 0"), (niced, plain)
+
+
 def test_stop_kills_the_whole_process_group(agent, tmp_path):
     run_dir = tmp_path / "run"
     # The task forks a grandchild; stopping must take both.

@@ -264,17 +264,20 @@ def fork(run_dir, name, lease, spec, keep_fd=None, keep_fds=()):
     return Forked(pid, os.fdopen(read_end, "rb", buffering=0))
 
 
-def spawn_shell(command, cwd, env, out_fd):
+def spawn_shell(command, cwd, env, out_fd, nice=0):
     """`/bin/sh -c COMMAND` in CWD with ENV, in a session of its own, stdin /dev/null, stdout and
-    stderr OUT_FD, no other descriptor and default signals, as subprocess.Popen would start it
-    (its OSError too: a missing CWD); a Forked. By hand: subprocess costs every supervisor
-    their imports."""
+    stderr OUT_FD, no other descriptor and default signals, at niceness NICE (priority.py), as
+    subprocess.Popen would start it (its OSError too: a missing CWD); a Forked. By hand:
+    subprocess costs every supervisor their imports."""
     import _signal
     report_read, report_write = os.pipe()  # closed by the exec: it reads empty when exec worked
     pid = os.fork()
     if pid == 0:
         try:
             os.setsid()
+            if nice:
+                from tfcluster_agent.priority import lower_priority
+                lower_priority(nice)
             if cwd:
                 os.chdir(cwd)
             null = os.open(os.devnull, os.O_RDONLY)
@@ -336,7 +339,7 @@ def _supervise(base, run_dir, name, lease, spec, env, out_fd, tmp):
 
     read_end, write_end = os.pipe()
     try:
-        proc = spawn_shell(spec.command, spec.cwd, env, write_end)
+        proc = spawn_shell(spec.command, spec.cwd, env, write_end, spec.nice)
     except OSError as err:
         emit(("tfcluster agent: cannot start task: %s\n" % err).encode())
         if tmp:

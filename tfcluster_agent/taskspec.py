@@ -13,6 +13,7 @@ class TaskSpec:
     port: int | None = None
     await_listening: bool = True      # report when the task listens on PORT
     gpu_uuids: list = field(default_factory=list)  # GPUs whose claims its supervisor holds
+    nice: int = 0                     # its CPU priority: 0, or lower (1-19)
 
     def to_json(self):
         return as_dict(self)

@@ -2,8 +2,8 @@
 import argparse
 
 import tfcluster
-from tfcluster.cli.parse import (Commands, Parser, count, run_id, seconds, stall_seconds, step,
-                                 threads)
+from tfcluster.cli.parse import (Commands, Parser, count, niceness, run_id, seconds, stall_seconds,
+                                 step, threads)
 from tfcluster.diagnosis.stall import DEFAULT_STALL_AFTER
 from tfcluster.lazy import lazy
 
@@ -45,6 +45,9 @@ def build_parser(only=None):
                    help="restore the chief from RUN's checkpoints")
     p.add_argument("--intra-op-threads", type=threads, help="per task (default: cores / tasks per host)")
     p.add_argument("--inter-op-threads", type=threads, help="per task (default: 1 or 2)")
+    p.add_argument("--nice", type=niceness, default=0,
+                   help="run the tasks at this lower CPU priority, 0-19 (default 0): on a "
+                        "machine shared with people or other work, training yields the cores")
     p.add_argument("--start-timeout", type=seconds, default=60.0,
                    help="seconds the ps tasks get to listen (default 60)")
     p.add_argument("--finish-grace", type=seconds, default=None,

@@ -89,6 +89,7 @@ def launch_planned(args, example, counts, extra_env, user_args, planned):
         example=example, runs_dir=args.runs_dir, run_id=args.run_id, detach=args.detach,
         timeout=args.timeout, user_args=tuple(user_args), smoke=args.smoke, counts=counts,
         intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,
+        nice=args.nice,
         start_timeout=args.start_timeout, finish_grace=args.finish_grace,
         stop_grace=args.stop_grace, drain_grace=args.drain_grace, resume=args.resume,
         lease=args.lease, cwd=args.cwd,

@@ -90,6 +90,13 @@ def threads(text):
     return value
 
 
+def niceness(text):
+    value = _integer(text, "a niceness from 0 to 19")
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError("must be from 0 (the default) to 19, not %d" % value)
+    return value
+
+
 def run_id(text):
     try:
         return check_run_id(text)

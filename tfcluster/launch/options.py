@@ -14,6 +14,7 @@ class LaunchOptions:
     counts: dict = field(default_factory=dict)
     intra_op_threads: int | None = None
     inter_op_threads: int | None = None
+    nice: int = 0                  # the tasks' niceness (and their sessions' autogroups')
     start_timeout: float = 60.0
     finish_grace: float | None = None
     stop_grace: float = 10.0

@@ -74,5 +74,5 @@ def task_specs(cluster, options, run_id, threads):
             # The agent claims the port for the task's life. It reports when a ps listens: the
             # workers may start at once, TensorFlow clients wait for their servers, but a ps
             # that never listens fails the run.
-            port=task.port, await_listening=task.job == "ps")
+            port=task.port, await_listening=task.job == "ps", nice=options.nice)
     return specs
