@@ -1,5 +1,6 @@
 """pytest's hooks and the fixtures every test file can use; the helpers are in tests/support/."""
 import os
+import signal
 import sys
 
 import pytest
@@ -9,6 +10,11 @@ import pytest
 # of them again (benchmarks/RESULTS.md). This process writes them under tests/; the programs
 # the tests start keep the environment's choice.
 sys.dont_write_bytecode = False
+
+# scripts/testsuite starts two sessions in the background, which starts them ignoring Ctrl-C; it
+# passes an interrupt on, which must stop the tests and run their fixtures' teardown.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
