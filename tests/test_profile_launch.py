@@ -37,12 +37,12 @@ DURATION = 1.0
 # --restarts. The TF1 run here restarts such a task, and a trace that the restart cut short is
 # taken again; any other restart fails the test.
 REPEATED_REQUEST = "request was received twice"
-# Each run trains until the test has taken its traces: the tasks run at a lower priority
-# (launch --nice), so that on a machine the other test sessions fill, the steps the test waits
-# on (`tfcluster profile`, its agents, the trace client) are not starved by the training, which
-# would burn CPU all the while (benchmarks/RESULTS.md: 187 CPU s against 55 beside three busy
-# loops, for the ParameterServerStrategy run on the test hosts).
-NICE = ("--nice", "10")
+# The runs on the test hosts train until the test has taken its traces: their tasks run at a
+# lower priority (launch --nice), so that on a machine the other test sessions fill, the steps
+# the test waits on (`tfcluster profile`, its agents, the trace client) are not starved by the
+# training, which would burn CPU all the while (benchmarks/RESULTS.md, "Autogroups"). Their
+# TensorFlow imports are slower then: the ps get longer to listen.
+NICE = ("--nice", "5", "--start-timeout", "300")
 
 
 def step_events(path, xplane=None):
@@ -87,7 +87,7 @@ def launch_and_profile(tmp_path, inventory, example, profile_at, run_id, program
     every task's step events: (launcher, runs dir, run record, the xplane reader)."""
     runs_dir = str(tmp_path / "runs")
     program = program or [example, "--smoke", "--", "--train_steps=10000000", "--log_every=20"]
-    launcher = Launcher(runs_dir, "-i", inventory, "--run-id", run_id, *NICE,
+    launcher = Launcher(runs_dir, "-i", inventory, "--run-id", run_id,
                         "--profile-at", str(profile_at), *extra, *program)
     try:
         launcher.when(r"tfcluster: profile of \d+ task\(s\) in ", 300)
@@ -223,7 +223,7 @@ def test_profile_a_ps_strategy_run_on_the_test_hosts_ten_times(testhosts, tmp_pa
                                 {"chief": [1], "worker": [2, 3], "ps": [1, 3]},
                                 str(tmp_path / "work"))
     launcher, runs_dir, record, xplane = launch_and_profile(tmp_path, inventory, "ps_strategy",
-                                                            200, "pss")
+                                                            200, "pss", extra=NICE)
     try:
         done = profile(runs_dir, "pss", "--tasks", "chief:0,ps:1")
         assert done.returncode == 0, (done.stderr, launcher.text()[-6000:])
