@@ -17,7 +17,7 @@ import select
 import time
 
 from tfcluster_agent import jsonc as json
-from tfcluster_agent.tasktmp import private_tmp, remove_tree
+from tfcluster_agent.tasktmp import private_tmp
 
 # signal is imported where used, subprocess and threading nowhere: the agent's start and each
 # task's pay for none of them.
@@ -316,13 +316,21 @@ def supervise(run_dir, name, lease, spec, out_fd):
     if tmp:
         env["TMPDIR"] = tmp
     try:
-        _supervise(base, run_dir, name, lease, spec, env, out_fd, tmp)
+        status, ended_ns = _supervise(base, run_dir, name, lease, spec, env, out_fd)
     finally:
-        if tmp:
-            remove_tree(tmp)
+        if tmp:  # gone before the end is told (and after a supervisor that raised)
+            import shutil  # at the task's end only: the agent's start pays for none of it
+            shutil.rmtree(tmp, ignore_errors=True)  # links inside removed, not followed
+    write_atomic(base + ".status", status)
+    if ended_ns is not None:
+        # Its time is when the end was seen, to the nanosecond (end_time): a file's own times
+        # move by the kernel's tick, and the tasks of a cascade end milliseconds apart.
+        os.utime(base + ".status", ns=(ended_ns, ended_ns))
 
 
-def _supervise(base, run_dir, name, lease, spec, env, out_fd, tmp):
+def _supervise(base, run_dir, name, lease, spec, env, out_fd):
+    """The task of SPEC run to its end: (its exit status, when its end was seen in ns or None
+    where it could not start)."""
     write_atomic(base + ".task.json", json.dumps(spec.public_json()))
     log_fd = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     agent = out_fd
@@ -342,10 +350,7 @@ def _supervise(base, run_dir, name, lease, spec, env, out_fd, tmp):
         proc = spawn_shell(spec.command, spec.cwd, env, write_end, spec.nice)
     except OSError as err:
         emit(("tfcluster agent: cannot start task: %s\n" % err).encode())
-        if tmp:
-            remove_tree(tmp)
-        write_atomic(base + ".status", "127")
-        return
+        return "127", None
     finally:
         os.close(write_end)
     write_atomic(base + ".pid", json.dumps({"pid": proc.pid, "start": start_time(proc.pid),
@@ -381,10 +386,5 @@ def _supervise(base, run_dir, name, lease, spec, env, out_fd, tmp):
     except BlockingIOError:
         pass
     code = proc.returncode
-    if tmp:  # gone before the end is told
-        remove_tree(tmp)
-    write_atomic(base + ".status", str(code if code >= 0 else 128 - code))
-    # Its time is when the end was seen, to the nanosecond (end_time): a file's own times move
-    # by the kernel's tick, and the tasks of a cascade end milliseconds apart.
-    os.utime(base + ".status", ns=(ended_ns, ended_ns))
+    return str(code if code >= 0 else 128 - code), ended_ns
 

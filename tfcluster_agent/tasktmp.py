@@ -1,6 +1,7 @@
-"""A task's own temporary folder: made before the task starts, removed when it ends, so that
-what a killed program leaves there, and the bytecode of TensorFlow's autograph modules, which
-TensorFlow never removes, does not pile up in a host's /tmp. Standard library only."""
+"""A task's own temporary folder: made before the task starts, removed by its supervisor when it
+ends, so that what a killed program leaves there, and the bytecode of TensorFlow's autograph
+modules, which TensorFlow never removes, does not pile up in a host's /tmp. Standard library
+only."""
 import os
 
 
@@ -18,20 +19,3 @@ def private_tmp(parent, name):
             return None
     return None
 
-
-def remove_tree(path):
-    """PATH and what is in it, as far as it can be removed (symbolic links are not followed)."""
-    for top, dirs, files in os.walk(path, topdown=False):
-        for entry in files + dirs:
-            inner = os.path.join(top, entry)
-            try:
-                if entry in files or os.path.islink(inner):
-                    os.unlink(inner)
-                else:
-                    os.rmdir(inner)
-            except OSError:
-                pass
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
