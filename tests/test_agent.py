@@ -125,7 +125,7 @@ def test_a_task_starts_as_popen_started_it(agent, tmp_path):
 def test_a_task_gets_a_private_tmpdir_removed_when_it_ends(agent, tmp_path):
     """Each task's TMPDIR is a new 0700 folder inside the one it was given, and it is gone by
     the time its exit is reported, whether the task ended by itself or was killed; a symbolic
-    link in it is removed, not followed."""
+    link in it is removed, not followed, and so is a link the task put in its folder's place."""
     run_dir, parent, kept = tmp_path / "run", tmp_path / "tmp", tmp_path / "kept"
     parent.mkdir()
     kept.mkdir()
@@ -134,8 +134,10 @@ def test_a_task_gets_a_private_tmpdir_removed_when_it_ends(agent, tmp_path):
            'ln -s %s "$TMPDIR/link"' % kept
     start(agent, run_dir, [
         {"name": "worker-0", "env": {"TMPDIR": str(parent)}, "command": fill},
-        {"name": "worker-1", "env": {"TMPDIR": str(parent)}, "command": fill + "; kill -KILL $$"}])
-    assert exit_codes(agent, 2) == {"worker-0": 0, "worker-1": 128 + 9}
+        {"name": "worker-1", "env": {"TMPDIR": str(parent)}, "command": fill + "; kill -KILL $$"},
+        {"name": "worker-2", "env": {"TMPDIR": str(parent)},
+         "command": 'rmdir "$TMPDIR" && ln -s %s "$TMPDIR"' % kept}])
+    assert exit_codes(agent, 3) == {"worker-0": 0, "worker-1": 128 + 9, "worker-2": 0}
     for name in ("worker-0", "worker-1"):
         folder, mode = outputs(agent, name).split()
         assert os.path.dirname(folder) == str(parent), folder

@@ -17,7 +17,7 @@ import select
 import time
 
 from tfcluster_agent import jsonc as json
-from tfcluster_agent.tasktmp import private_tmp
+from tfcluster_agent.tasktmp import private_tmp, remove_tree
 
 # signal is imported where used, subprocess and threading nowhere: the agent's start and each
 # task's pay for none of them.
@@ -319,8 +319,7 @@ def supervise(run_dir, name, lease, spec, out_fd):
         status, ended_ns = _supervise(base, run_dir, name, lease, spec, env, out_fd)
     finally:
         if tmp:  # gone before the end is told (and after a supervisor that raised)
-            import shutil  # at the task's end only: the agent's start pays for none of it
-            shutil.rmtree(tmp, ignore_errors=True)  # links inside removed, not followed
+            remove_tree(tmp)
     write_atomic(base + ".status", status)
     if ended_ns is not None:
         # Its time is when the end was seen, to the nanosecond (end_time): a file's own times

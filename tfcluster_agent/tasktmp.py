@@ -19,3 +19,26 @@ def private_tmp(parent, name):
             return None
     return None
 
+
+
+
+def remove_tree(path):
+    """PATH and what is in it, as far as it can be removed; symbolic links are removed, never
+    followed (PATH too, where the task replaced its folder by one). By hand: shutil's import
+    would cost each supervisor ~16 ms at its task's end, before the end is told."""
+    if os.path.islink(path):
+        _quietly(os.unlink, path)
+        return
+    for top, dirs, files in os.walk(path, topdown=False):
+        for entry in files + dirs:
+            inner = os.path.join(top, entry)
+            remove = os.unlink if entry in files or os.path.islink(inner) else os.rmdir
+            _quietly(remove, inner)
+    _quietly(os.rmdir, path)
+
+
+def _quietly(remove, path):
+    try:
+        remove(path)
+    except OSError:
+        pass
